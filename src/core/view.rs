@@ -1,0 +1,1208 @@
+//! [`HostView`]: the SDK's sans-I/O state machine.
+//!
+//! Methods come in four kinds, as in quinn-proto:
+//! - getters (`phase`, `assignment`, `has_authority`, `provisional`, `members`, ...);
+//! - `handle_*` inputs, each carrying the `Instant` at which it happened;
+//! - commands (`command`, `resign`, `transfer`, `leave`);
+//! - outputs: [`HostView::poll_transmit`], [`HostView::poll_event`], [`HostView::poll_timeout`].
+//!
+//! The drive loop: after every input or command, drain `poll_transmit` (send each frame at once, in
+//! order) and `poll_event` (hand each event to the app) until both return `None`, then arm one timer
+//! for `poll_timeout` and call [`HostView::handle_timeout`] when it fires. Extra `handle_timeout`
+//! calls are harmless.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde_json::Value;
+
+use super::backoff::{Backoff, Entropy, SplitMix64};
+use super::error::CommandError;
+use super::order::{provisional_coordinator, sort_members};
+use super::time::Instant;
+use crate::protocol::{
+    Action, ActionKind, ActionTable, Assignment, ClientMsg, Epoch, ErrorCode, Gap,
+    IdempotencyKey, Item, Member, Outcome, ParticipantId, RejectCode, Role, RoomEvent, Seq,
+    ServerMsg, SessionId, SignedAssignment, Snapshot, Token, ACTION_RESIGN, ACTION_TRANSFER,
+};
+
+/// Tunables of a [`HostView`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Most stream items buffered while waiting for a snapshot; past it the buffer is dropped and
+    /// a new resync requested.
+    pub buffer_limit: usize,
+    /// Most commands queued offline plus in flight.
+    pub command_limit: usize,
+    /// Bound on the local clock's drift against the server's, in parts per million (ρ).
+    pub drift_ppm: u64,
+    /// Safety margin subtracted from every local lease deadline.
+    pub lease_margin_ms: u64,
+    /// Resend a command (same idempotency key) when no result came within this time.
+    pub command_timeout_ms: u64,
+    /// Give up on a command after this many sends.
+    pub max_attempts: u32,
+    /// Delays between write retries.
+    pub retry: Backoff,
+    /// Seed of the core's random source (jitter, idempotency keys).
+    pub seed: u64,
+    /// Ask the server for the retained room log on the first connection, so that the app can
+    /// rebuild its state from events (`false`: start from the snapshot point).
+    pub replay_history: bool,
+    /// The action table to use until the server sends one.
+    pub actions: ActionTable,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            buffer_limit: 4096,
+            command_limit: 256,
+            drift_ppm: 10_000,
+            lease_margin_ms: 250,
+            command_timeout_ms: 5_000,
+            max_attempts: 6,
+            retry: Backoff::default(),
+            seed: 0x5EED,
+            replay_history: true,
+            actions: ActionTable::default(),
+        }
+    }
+}
+
+/// Connection phase of the view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// First connection, no snapshot yet.
+    Connecting,
+    /// Snapshot applied, stream contiguous: the view is authoritative.
+    Live,
+    /// The server is unreachable; the view is provisional.
+    Offline,
+    /// Connected again (or a gap was seen); waiting for a snapshot. Input is buffered.
+    Resyncing,
+    /// Left the room.
+    Closed,
+}
+
+impl Phase {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Phase::Connecting => "connecting",
+            Phase::Live => "live",
+            Phase::Offline => "offline",
+            Phase::Resyncing => "resyncing",
+            Phase::Closed => "closed",
+        }
+    }
+}
+
+/// What this session knows of its own host lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseState {
+    /// Not the host.
+    NotHost,
+    /// Named host, but the lease cannot be trusted (new grant not yet confirmed, or after a
+    /// reconnect, sleep or freeze until the next snapshot).
+    Unknown,
+    /// Held until the local `deadline`, which never outlives the server's view.
+    Held { deadline: Instant },
+    /// The local deadline passed without renewal.
+    Expired,
+    /// This session resigned, transferred or left; it stops acting as host at once.
+    Relinquished,
+}
+
+impl LeaseState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LeaseState::NotHost => "not_host",
+            LeaseState::Unknown => "unknown",
+            LeaseState::Held { .. } => "held",
+            LeaseState::Expired => "expired",
+            LeaseState::Relinquished => "relinquished",
+        }
+    }
+}
+
+/// Something the SDK reports to the app (or to its driver).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Event {
+    Phase(Phase),
+    /// A newer assignment was adopted (from the server, a snapshot, or a verified peer relay).
+    HostChanged {
+        assignment: Assignment,
+        previous: Option<Assignment>,
+        via: Source,
+    },
+    /// The provisional coordinator changed (`None`: no longer provisional, or nobody reachable).
+    Provisional { coordinator: Option<ParticipantId> },
+    MembersChanged,
+    Lease(LeaseState),
+    /// A room event, applied once and in `seq` order.
+    RoomEvent(RoomEvent),
+    /// These items will never be delivered.
+    Discontinuity(Gap),
+    /// A participant command made while not live is queued and will be sent after the resync.
+    CommandQueued { id: IdempotencyKey },
+    CommandAccepted { id: IdempotencyKey, seq: Seq },
+    CommandFailed { id: IdempotencyKey, error: CommandError },
+    /// The server sent something that breaks the protocol's rules (it is ignored).
+    ProtocolViolation(Violation),
+    /// WebRTC signalling from another member.
+    Signal {
+        from: ParticipantId,
+        from_session: SessionId,
+        data: Value,
+    },
+    /// The server sent an error frame; `Unauthorized` means the join token must be refreshed.
+    ServerError(ErrorCode),
+}
+
+/// Where an adopted assignment came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    Server,
+    Snapshot,
+    /// A server-signed assignment relayed by a peer; never gives this session authority.
+    Peer,
+}
+
+/// A broken protocol rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Violation {
+    /// Two assignments with the same epoch name different holders.
+    ConflictingAssignment { epoch: Epoch },
+    /// An assignment or snapshot for another room.
+    WrongRoom,
+    /// A welcome while no connection is open.
+    UnexpectedWelcome,
+}
+
+/// Counters, for diagnostics and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub stale_dropped: u64,
+    pub duplicates_dropped: u64,
+    pub resyncs_requested: u64,
+    pub buffer_overflows: u64,
+    pub violations: u64,
+    pub peer_assignments_dropped: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CmdState {
+    /// Made while not live (participant actions only); sent after the resync.
+    Queued,
+    /// Sent; resend with the same key at `resend_at` if no result came.
+    InFlight { resend_at: Instant },
+    /// Rejected as retryable; send again at `until`.
+    Backoff { until: Instant },
+    /// Sent, then the connection dropped: the outcome is unknown until the next welcome.
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+struct PendingCommand {
+    id: IdempotencyKey,
+    action: Action,
+    payload: Value,
+    kind: ActionKind,
+    /// For host commands: the epoch they were made in. They die with it.
+    epoch: Option<Epoch>,
+    attempts: u32,
+    state: CmdState,
+}
+
+#[derive(Debug, Clone)]
+struct Grant {
+    token: Token,
+    epoch: Option<Epoch>,
+    actions: Vec<Action>,
+    expires_at: Instant,
+}
+
+/// The SDK's cached, self-correcting view of a room's host.
+#[derive(Debug)]
+pub struct HostView {
+    config: Config,
+    rng: SplitMix64,
+    phase: Phase,
+    /// Latest local time seen; inputs that go back in time are clamped to it.
+    now: Instant,
+    me: Option<ParticipantId>,
+    session: Option<SessionId>,
+    /// The newest assignment observed: the epoch floor.
+    current: Option<Assignment>,
+    /// The signed form of `current`, when the server signed it, for relaying to peers.
+    current_signed: Option<SignedAssignment>,
+    have_snapshot: bool,
+    /// Last applied `seq`.
+    cursor: Seq,
+    /// The cursor asked for in the pending hello/resume (`None`: no history requested).
+    resume_asked: Option<Seq>,
+    /// When the pending hello/resume was sent: the anchor for a snapshot's lease time.
+    resync_sent_at: Instant,
+    awaiting_welcome: bool,
+    members: Vec<Member>,
+    actions: ActionTable,
+    reachable: BTreeSet<ParticipantId>,
+    provisional: Option<ParticipantId>,
+    buffer: BTreeMap<Seq, Item>,
+    lease: LeaseState,
+    /// The latest probe echoed: `(nonce, sent_at)`.
+    echo: Option<(u64, Instant)>,
+    host_grant: Option<Grant>,
+    participant_grant: Option<Grant>,
+    commands: Vec<PendingCommand>,
+    transmits: VecDeque<ClientMsg>,
+    events: VecDeque<Event>,
+    stats: Stats,
+}
+
+impl HostView {
+    pub fn new(config: Config) -> Self {
+        let rng = SplitMix64::new(config.seed);
+        let actions = config.actions.clone();
+        Self {
+            config,
+            rng,
+            phase: Phase::Connecting,
+            now: Instant::ZERO,
+            me: None,
+            session: None,
+            current: None,
+            current_signed: None,
+            have_snapshot: false,
+            cursor: Seq::ZERO,
+            resume_asked: None,
+            resync_sent_at: Instant::ZERO,
+            awaiting_welcome: false,
+            members: Vec::new(),
+            actions,
+            reachable: BTreeSet::new(),
+            provisional: None,
+            buffer: BTreeMap::new(),
+            lease: LeaseState::NotHost,
+            echo: None,
+            host_grant: None,
+            participant_grant: None,
+            commands: Vec::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    // ----- getters -------------------------------------------------------------------------
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+    /// The newest assignment observed (authoritative only while [`Phase::Live`]).
+    pub fn assignment(&self) -> Option<&Assignment> {
+        self.current.as_ref()
+    }
+    /// The signed form of the current assignment, to relay to peers.
+    pub fn signed_assignment(&self) -> Option<&SignedAssignment> {
+        self.current_signed.as_ref()
+    }
+    pub fn epoch(&self) -> Option<Epoch> {
+        self.current.as_ref().map(|a| a.epoch)
+    }
+    pub fn me(&self) -> Option<&ParticipantId> {
+        self.me.as_ref()
+    }
+    pub fn session(&self) -> Option<&SessionId> {
+        self.session.as_ref()
+    }
+    /// Whether the newest assignment names this session as host (with or without authority).
+    pub fn is_named_host(&self) -> bool {
+        match (&self.current, &self.me, &self.session) {
+            (Some(a), Some(me), Some(s)) => a.names(me, s),
+            _ => false,
+        }
+    }
+    /// Whether this session may issue host commands at `now`: live, named host by the server,
+    /// holding a host token for the current epoch, and before its local lease deadline.
+    pub fn has_authority(&self, now: Instant) -> bool {
+        self.host_gate(now.max(self.now)).is_ok()
+    }
+    pub fn lease(&self) -> LeaseState {
+        self.lease
+    }
+    /// The provisional coordinator, shown while the server is unreachable. It has no authority.
+    pub fn provisional(&self) -> Option<&ParticipantId> {
+        self.provisional.as_ref()
+    }
+    /// Members of the last committed membership, in election order.
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+    pub fn actions(&self) -> &ActionTable {
+        &self.actions
+    }
+    /// The last applied `seq`.
+    pub fn cursor(&self) -> Seq {
+        self.cursor
+    }
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+    /// Commands not yet resolved: `(id, action, queued_offline)`.
+    pub fn pending(&self) -> impl Iterator<Item = (&IdempotencyKey, &Action, bool)> {
+        self.commands
+            .iter()
+            .map(|c| (&c.id, &c.action, c.state == CmdState::Queued))
+    }
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+
+    // ----- outputs -------------------------------------------------------------------------
+
+    /// The next frame to send, in order.
+    pub fn poll_transmit(&mut self) -> Option<ClientMsg> {
+        self.transmits.pop_front()
+    }
+    /// The next event for the app, in order.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+    /// When [`HostView::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let lease = match self.lease {
+            LeaseState::Held { deadline } => Some(deadline),
+            _ => None,
+        };
+        let cmds = self.commands.iter().filter_map(|c| match c.state {
+            CmdState::InFlight { resend_at } => Some(resend_at),
+            CmdState::Backoff { until } => Some(until),
+            _ => None,
+        });
+        lease.into_iter().chain(cmds).min()
+    }
+
+    // ----- inputs --------------------------------------------------------------------------
+
+    fn tick(&mut self, now: Instant) -> Instant {
+        self.now = self.now.max(now);
+        self.now
+    }
+
+    /// A connection to the server opened. Queues the hello with `join_token` (the token goes in
+    /// the first frame, never in a URL).
+    pub fn handle_connected(&mut self, now: Instant, join_token: Token) {
+        let now = self.tick(now);
+        if self.phase == Phase::Closed {
+            return;
+        }
+        let resume = if self.have_snapshot || self.config.replay_history {
+            Some(self.cursor)
+        } else {
+            None
+        };
+        self.buffer.clear();
+        self.echo = None;
+        self.resume_asked = resume;
+        self.resync_sent_at = now;
+        self.awaiting_welcome = true;
+        self.transmits.push_back(ClientMsg::Hello {
+            token: join_token,
+            resume,
+            epoch_seen: self.epoch(),
+        });
+        let next = if self.have_snapshot {
+            Phase::Resyncing
+        } else {
+            Phase::Connecting
+        };
+        self.set_phase(next);
+        self.set_provisional(None);
+    }
+
+    /// The connection closed or failed. The view becomes provisional; host authority ends.
+    pub fn handle_disconnected(&mut self, now: Instant) {
+        self.tick(now);
+        if self.phase == Phase::Closed {
+            return;
+        }
+        self.awaiting_welcome = false;
+        self.buffer.clear();
+        self.echo = None;
+        // The session is gone: its host token is worthless, its lease will lapse on the server.
+        self.host_grant = None;
+        self.participant_grant = None;
+        self.session = None;
+        if self.lease != LeaseState::NotHost {
+            self.set_lease(LeaseState::Unknown);
+        }
+        for c in &mut self.commands {
+            if matches!(c.state, CmdState::InFlight { .. } | CmdState::Backoff { .. }) {
+                c.state = CmdState::Unknown;
+            }
+        }
+        self.set_phase(Phase::Offline);
+        self.update_provisional();
+    }
+
+    /// The page slept, froze or was hidden long enough that timers cannot be trusted. The lease
+    /// is unknown until the next snapshot; a connected view resyncs.
+    pub fn handle_wake(&mut self, now: Instant) {
+        let now = self.tick(now);
+        if matches!(self.lease, LeaseState::Held { .. } | LeaseState::Expired) {
+            self.set_lease(LeaseState::Unknown);
+        }
+        if matches!(self.phase, Phase::Live | Phase::Resyncing) {
+            self.request_resync(now, false);
+        }
+    }
+
+    /// A peer became reachable over WebRTC.
+    pub fn handle_peer_seen(&mut self, now: Instant, peer: ParticipantId) {
+        self.tick(now);
+        self.reachable.insert(peer);
+        self.update_provisional();
+    }
+
+    /// A peer is no longer reachable over WebRTC.
+    pub fn handle_peer_lost(&mut self, now: Instant, peer: &ParticipantId) {
+        self.tick(now);
+        self.reachable.remove(peer);
+        self.update_provisional();
+    }
+
+    /// A server-signed assignment relayed by a peer, **already verified by the driver** (room, key
+    /// id, signature). Adopted only after a first snapshot and only if newer; it never gives this
+    /// session authority. Returns whether it was adopted.
+    pub fn handle_peer_assignment(&mut self, now: Instant, signed: SignedAssignment) -> bool {
+        self.tick(now);
+        if !self.have_snapshot || self.phase == Phase::Closed {
+            self.stats.peer_assignments_dropped += 1;
+            return false;
+        }
+        let adopted = self.adopt(signed, Source::Peer);
+        if !adopted {
+            self.stats.peer_assignments_dropped += 1;
+        }
+        self.update_provisional();
+        adopted
+    }
+
+    /// Timers: the lease deadline and command resends. Extra calls are harmless.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now = self.tick(now);
+        if let LeaseState::Held { deadline } = self.lease {
+            if now >= deadline {
+                self.set_lease(LeaseState::Expired);
+            }
+        }
+        let due: Vec<usize> = self
+            .commands
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| match c.state {
+                CmdState::InFlight { resend_at } => now >= resend_at,
+                CmdState::Backoff { until } => now >= until,
+                _ => false,
+            })
+            .map(|(i, _)| i)
+            .collect();
+        for i in due.into_iter().rev() {
+            self.resend(now, i);
+        }
+    }
+
+    /// One decoded frame from the server.
+    pub fn handle_server(&mut self, now: Instant, msg: ServerMsg) {
+        let now = self.tick(now);
+        if matches!(self.phase, Phase::Offline | Phase::Closed) {
+            // A frame from a connection already reported closed: nothing it says is current.
+            return;
+        }
+        match msg {
+            ServerMsg::Welcome {
+                you,
+                session,
+                snapshot,
+                missed,
+                discontinuity,
+            } => self.handle_welcome(now, you, session, snapshot, missed, discontinuity),
+            ServerMsg::Assignment(a) => self.handle_item(now, Item::Assignment(a)),
+            ServerMsg::Event(e) => self.handle_item(now, Item::Event(e)),
+            ServerMsg::LeaseProbe { nonce, .. } => {
+                // Echo at once: the anchor of the local deadline is this send time.
+                self.echo = Some((nonce, now));
+                self.transmits.push_back(ClientMsg::LeaseEcho { nonce });
+            }
+            ServerMsg::LeaseConfirm {
+                nonce,
+                epoch,
+                remaining_ms,
+            } => self.handle_confirm(now, nonce, epoch, remaining_ms),
+            ServerMsg::Capability {
+                role,
+                token,
+                epoch,
+                actions,
+                expires_in_ms,
+            } => {
+                let grant = Grant {
+                    token,
+                    epoch,
+                    actions,
+                    expires_at: now.add_ms(expires_in_ms.saturating_sub(self.config.lease_margin_ms)),
+                };
+                match role {
+                    Role::Host => {
+                        if epoch.is_some() && epoch == self.epoch() && self.is_named_host() {
+                            self.host_grant = Some(grant);
+                        }
+                    }
+                    Role::Participant => {
+                        self.participant_grant = Some(grant);
+                        if self.phase == Phase::Live {
+                            self.flush_queued(now);
+                        }
+                    }
+                }
+            }
+            ServerMsg::Presence { member, online } => {
+                self.members
+                    .retain(|m| !(m.id == member.id && m.session == member.session));
+                if online {
+                    self.members.push(member);
+                    sort_members(&mut self.members);
+                }
+                self.events.push_back(Event::MembersChanged);
+            }
+            ServerMsg::CommandResult { id, outcome } => self.handle_result(now, id, outcome),
+            ServerMsg::Discontinuity(gap) => {
+                if self.phase == Phase::Live && gap.from <= self.cursor.next() {
+                    if gap.to > self.cursor {
+                        self.events.push_back(Event::Discontinuity(Gap {
+                            from: self.cursor.next().max(gap.from),
+                            to: gap.to,
+                        }));
+                        self.cursor = gap.to;
+                    }
+                    self.drain_buffer(now);
+                } else {
+                    self.request_resync(now, false);
+                }
+            }
+            ServerMsg::Signal {
+                from,
+                from_session,
+                data,
+            } => self.events.push_back(Event::Signal {
+                from,
+                from_session,
+                data,
+            }),
+            ServerMsg::Error { code, .. } => self.events.push_back(Event::ServerError(code)),
+        }
+    }
+
+    fn handle_welcome(
+        &mut self,
+        now: Instant,
+        you: ParticipantId,
+        session: SessionId,
+        snapshot: Snapshot,
+        missed: Vec<Item>,
+        discontinuity: Option<Gap>,
+    ) {
+        if !self.awaiting_welcome && self.phase != Phase::Live {
+            self.violation(Violation::UnexpectedWelcome);
+            return;
+        }
+        if let Some(a) = &self.current {
+            if a.room != snapshot.room {
+                self.violation(Violation::WrongRoom);
+                return;
+            }
+        }
+        self.awaiting_welcome = false;
+        self.me = Some(you);
+        self.session = Some(session);
+
+        // Items after our cursor up to the snapshot point, in order, each once.
+        if let Some(gap) = discontinuity {
+            if gap.to > self.cursor {
+                self.events.push_back(Event::Discontinuity(Gap {
+                    from: self.cursor.next().max(gap.from),
+                    to: gap.to,
+                }));
+                self.cursor = gap.to;
+            }
+        }
+        let asked = self.resume_asked.take();
+        let mut missed = missed;
+        missed.sort_by_key(Item::seq);
+        for item in missed {
+            if item.seq() > snapshot.seq {
+                // Past the snapshot point: treat like a stream item.
+                self.buffer_item(item);
+                continue;
+            }
+            if item.seq() <= self.cursor {
+                self.stats.duplicates_dropped += 1;
+                continue;
+            }
+            if item.seq() > self.cursor.next() {
+                self.events.push_back(Event::Discontinuity(Gap {
+                    from: self.cursor.next(),
+                    to: Seq(item.seq().0 - 1),
+                }));
+            }
+            self.apply(now, item);
+        }
+        if asked.is_some() && snapshot.seq > self.cursor {
+            // We asked to resume but the server neither replayed nor announced these.
+            self.events.push_back(Event::Discontinuity(Gap {
+                from: self.cursor.next(),
+                to: snapshot.seq,
+            }));
+        }
+        self.cursor = self.cursor.max(snapshot.seq);
+
+        // The authoritative state replaces the view (never with an older epoch).
+        self.adopt(snapshot.current, Source::Snapshot);
+        self.have_snapshot = true;
+        self.members = snapshot.members;
+        sort_members(&mut self.members);
+        if !snapshot.actions.host.is_empty() || !snapshot.actions.participant.is_empty() {
+            self.actions = snapshot.actions;
+        }
+        self.events.push_back(Event::MembersChanged);
+        let lease = if self.is_named_host() {
+            match snapshot.lease_remaining_ms {
+                Some(r) => self.local_deadline(self.resync_sent_at, r, now),
+                None => LeaseState::Unknown,
+            }
+        } else {
+            LeaseState::NotHost
+        };
+        self.set_lease(lease);
+        self.set_provisional(None);
+        self.drain_buffer(now);
+    }
+
+    /// `anchor + remaining·(1−ρ) − margin`, as a lease state at `now`.
+    fn local_deadline(&self, anchor: Instant, remaining_ms: u64, now: Instant) -> LeaseState {
+        let drift = remaining_ms.saturating_mul(self.config.drift_ppm) / 1_000_000;
+        let keep = remaining_ms
+            .saturating_sub(drift)
+            .saturating_sub(self.config.lease_margin_ms);
+        let deadline = anchor.add_ms(keep);
+        if keep == 0 || deadline <= now {
+            LeaseState::Expired
+        } else {
+            LeaseState::Held { deadline }
+        }
+    }
+
+    fn handle_confirm(&mut self, now: Instant, nonce: u64, epoch: Epoch, remaining_ms: u64) {
+        let Some((echoed, sent_at)) = self.echo else {
+            return;
+        };
+        if echoed != nonce || Some(epoch) != self.epoch() || !self.is_named_host() {
+            return;
+        }
+        if matches!(self.lease, LeaseState::Relinquished) || self.phase != Phase::Live {
+            return;
+        }
+        let lease = self.local_deadline(sent_at, remaining_ms, now);
+        self.set_lease(lease);
+    }
+
+    fn handle_item(&mut self, now: Instant, item: Item) {
+        match self.phase {
+            Phase::Live => {
+                let seq = item.seq();
+                if seq <= self.cursor {
+                    self.stats.duplicates_dropped += 1;
+                } else if seq == self.cursor.next() {
+                    self.apply(now, item);
+                    self.drain_buffer(now);
+                } else {
+                    // A gap: keep what we have and ask the server to fill it.
+                    self.buffer_item(item);
+                    self.request_resync(now, false);
+                }
+            }
+            Phase::Connecting | Phase::Resyncing => self.buffer_item(item),
+            Phase::Offline | Phase::Closed => {}
+        }
+    }
+
+    fn buffer_item(&mut self, item: Item) {
+        if self.buffer.len() >= self.config.buffer_limit && !self.buffer.contains_key(&item.seq()) {
+            // Overflow: drop the buffer and resync from the cursor; the welcome replays it all.
+            self.stats.buffer_overflows += 1;
+            self.buffer.clear();
+            let now = self.now;
+            self.request_resync(now, true);
+            return;
+        }
+        self.buffer.insert(item.seq(), item);
+    }
+
+    /// Applies buffered items contiguous from the cursor. A gap left behind asks for a resume.
+    fn drain_buffer(&mut self, now: Instant) {
+        while let Some(entry) = self.buffer.first_entry() {
+            let seq = *entry.key();
+            if seq <= self.cursor {
+                entry.remove();
+                self.stats.duplicates_dropped += 1;
+            } else if seq == self.cursor.next() {
+                let item = entry.remove();
+                self.apply(now, item);
+            } else {
+                break;
+            }
+        }
+        if self.buffer.is_empty() {
+            if !self.awaiting_welcome && self.phase != Phase::Live {
+                self.set_phase(Phase::Live);
+                self.flush_queued(now);
+                self.revalidate_unknown(now);
+            }
+        } else {
+            self.request_resync(now, false);
+        }
+    }
+
+    /// Applies one in-order stream item.
+    fn apply(&mut self, _now: Instant, item: Item) {
+        self.cursor = item.seq();
+        match item {
+            Item::Assignment(a) => {
+                self.adopt(a, Source::Server);
+            }
+            Item::Event(e) => self.events.push_back(Event::RoomEvent(e)),
+        }
+    }
+
+    /// Asks the server for a fresh welcome resuming after the cursor, on the open connection.
+    /// `force`: ask again even if a resume from this cursor is pending (the buffer was dropped).
+    fn request_resync(&mut self, now: Instant, force: bool) {
+        if matches!(self.phase, Phase::Offline | Phase::Closed) {
+            return;
+        }
+        if !force && self.awaiting_welcome && self.resume_asked == Some(self.cursor) {
+            return; // already asked from exactly here
+        }
+        self.stats.resyncs_requested += 1;
+        self.awaiting_welcome = true;
+        self.resume_asked = Some(self.cursor);
+        self.resync_sent_at = now;
+        self.transmits.push_back(ClientMsg::Resume {
+            cursor: self.cursor,
+        });
+        if self.have_snapshot {
+            self.set_phase(Phase::Resyncing);
+        }
+    }
+
+    /// The stale-drop rule. Returns whether `signed` became the current assignment.
+    fn adopt(&mut self, signed: SignedAssignment, via: Source) -> bool {
+        let a = &signed.assignment;
+        if let Some(cur) = &self.current {
+            if a.room != cur.room {
+                self.violation(Violation::WrongRoom);
+                return false;
+            }
+            if a.epoch < cur.epoch {
+                self.stats.stale_dropped += 1;
+                return false;
+            }
+            if a.epoch == cur.epoch {
+                if a.same_holder(cur) {
+                    self.stats.duplicates_dropped += 1;
+                    if self.current_signed.as_ref().is_none_or(|s| s.sig.is_none()) && signed.sig.is_some() {
+                        self.current_signed = Some(signed);
+                    }
+                } else {
+                    self.violation(Violation::ConflictingAssignment { epoch: a.epoch });
+                }
+                return false;
+            }
+        }
+        let previous = self.current.replace(signed.assignment.clone());
+        let assignment = signed.assignment.clone();
+        self.current_signed = Some(signed);
+        // A new epoch ends every host token and every host command of older epochs.
+        self.host_grant = None;
+        self.echo = None;
+        let fail: Vec<IdempotencyKey> = self
+            .commands
+            .iter()
+            .filter(|c| c.kind == ActionKind::Host && c.epoch != Some(assignment.epoch))
+            .map(|c| c.id.clone())
+            .collect();
+        for id in fail {
+            self.fail(&id, CommandError::StaleEpoch);
+        }
+        let lease = if self.is_named_host() {
+            // A new grant: authority begins with the first confirmed probe, not with the news
+            // (and never with a peer's relay of it).
+            LeaseState::Unknown
+        } else {
+            LeaseState::NotHost
+        };
+        self.set_lease(lease);
+        self.events.push_back(Event::HostChanged {
+            assignment,
+            previous,
+            via,
+        });
+        true
+    }
+
+    fn handle_result(&mut self, now: Instant, id: IdempotencyKey, outcome: Outcome) {
+        let Some(i) = self.commands.iter().position(|c| c.id == id) else {
+            return; // a late duplicate of a result already handled
+        };
+        match outcome {
+            Outcome::Accepted { seq } => {
+                self.commands.remove(i);
+                self.events.push_back(Event::CommandAccepted { id, seq });
+            }
+            Outcome::Rejected {
+                code,
+                current,
+                retry_after_ms,
+            } => {
+                if let Some(a) = current {
+                    self.adopt(a, Source::Server);
+                }
+                let Some(i) = self.commands.iter().position(|c| c.id == id) else {
+                    return; // adopting the newer assignment already failed it
+                };
+                if code.is_retryable() && self.commands[i].attempts < self.config.max_attempts {
+                    let attempt = self.commands[i].attempts;
+                    let delay = self
+                        .config
+                        .retry
+                        .retry_delay_ms(attempt, retry_after_ms, &mut self.rng);
+                    self.commands[i].state = CmdState::Backoff {
+                        until: now.add_ms(delay),
+                    };
+                    return;
+                }
+                let error = if code.is_retryable() {
+                    CommandError::Timeout
+                } else {
+                    CommandError::from_reject(code)
+                };
+                self.fail(&id, error);
+                match code {
+                    RejectCode::StaleEpoch | RejectCode::NotHost => self.request_resync(now, false),
+                    RejectCode::LeaseExpired => {
+                        if matches!(self.lease, LeaseState::Held { .. }) {
+                            self.set_lease(LeaseState::Expired);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    // ----- commands ------------------------------------------------------------------------
+
+    /// Issues `action` with `payload`. Host actions need authority now and are never queued;
+    /// participant actions made while not live are queued and sent after the resync.
+    /// Returns the idempotency key (reused on every retry) or why it was refused locally.
+    pub fn command(
+        &mut self,
+        now: Instant,
+        action: Action,
+        payload: Value,
+        key: Option<IdempotencyKey>,
+    ) -> Result<IdempotencyKey, CommandError> {
+        let now = self.tick(now);
+        if self.phase == Phase::Closed {
+            return Err(CommandError::Closed);
+        }
+        let kind = if action.as_str() == ACTION_RESIGN || action.as_str() == ACTION_TRANSFER {
+            ActionKind::Host
+        } else {
+            self.actions
+                .kind(&action)
+                .ok_or(CommandError::UnknownAction)?
+        };
+        if self.commands.len() >= self.config.command_limit {
+            return Err(CommandError::QueueFull);
+        }
+        if let Some(k) = &key {
+            if self.commands.iter().any(|c| &c.id == k) {
+                return Err(CommandError::IdempotencyConflict);
+            }
+        }
+        let epoch = match kind {
+            ActionKind::Host => {
+                if !self.host_gate(now)?.actions.contains(&action) {
+                    return Err(CommandError::NoCapability);
+                }
+                self.epoch()
+            }
+            ActionKind::Participant => None,
+        };
+        let id = key.unwrap_or_else(|| self.new_key());
+        let relinquish = matches!(action.as_str(), ACTION_RESIGN | ACTION_TRANSFER);
+        self.commands.push(PendingCommand {
+            id: id.clone(),
+            action,
+            payload,
+            kind,
+            epoch,
+            attempts: 0,
+            state: CmdState::Queued,
+        });
+        let i = self.commands.len() - 1;
+        if kind == ActionKind::Participant && !self.can_send_participant() {
+            self.events.push_back(Event::CommandQueued { id: id.clone() });
+        } else {
+            self.send(now, i);
+        }
+        if relinquish {
+            // Stop acting as host at once: the server is about to grant someone else.
+            self.set_lease(LeaseState::Relinquished);
+        }
+        Ok(id)
+    }
+
+    /// `host.resign`: give the host role up; the server elects the next member.
+    pub fn resign(&mut self, now: Instant) -> Result<IdempotencyKey, CommandError> {
+        let action = Action::new(ACTION_RESIGN).map_err(|_| CommandError::UnknownAction)?;
+        self.command(now, action, Value::Null, None)
+    }
+
+    /// `host.transfer {to}`: hand the host role to `to`.
+    pub fn transfer(
+        &mut self,
+        now: Instant,
+        to: &ParticipantId,
+    ) -> Result<IdempotencyKey, CommandError> {
+        let action = Action::new(ACTION_TRANSFER).map_err(|_| CommandError::UnknownAction)?;
+        let payload = serde_json::json!({ "to": to.as_str() });
+        self.command(now, action, payload, None)
+    }
+
+    /// Leaves the room: a host that leaves is replaced at once. Pending commands fail `Closed`.
+    pub fn leave(&mut self, now: Instant) {
+        self.tick(now);
+        if self.phase == Phase::Closed {
+            return;
+        }
+        if !matches!(self.phase, Phase::Offline) {
+            self.transmits.push_back(ClientMsg::Leave);
+        }
+        let ids: Vec<IdempotencyKey> = self.commands.iter().map(|c| c.id.clone()).collect();
+        for id in ids {
+            self.fail(&id, CommandError::Closed);
+        }
+        self.host_grant = None;
+        self.set_lease(LeaseState::NotHost);
+        self.set_provisional(None);
+        self.set_phase(Phase::Closed);
+    }
+
+    // ----- internals -----------------------------------------------------------------------
+
+    /// Every local condition for a host command, in the order the errors are reported.
+    fn host_gate(&self, now: Instant) -> Result<&Grant, CommandError> {
+        if self.phase != Phase::Live {
+            return Err(CommandError::NotAuthoritative);
+        }
+        if !self.is_named_host() {
+            return Err(CommandError::NotHost);
+        }
+        match self.lease {
+            LeaseState::Held { deadline } if now < deadline => {}
+            LeaseState::Relinquished | LeaseState::NotHost => return Err(CommandError::NotHost),
+            _ => return Err(CommandError::LeaseExpired),
+        }
+        match &self.host_grant {
+            Some(g) if g.epoch == self.epoch() && now < g.expires_at => Ok(g),
+            _ => Err(CommandError::NoCapability),
+        }
+    }
+
+    fn can_send_participant(&self) -> bool {
+        self.phase == Phase::Live
+            && self
+                .participant_grant
+                .as_ref()
+                .is_some_and(|g| g.expires_at > self.now)
+    }
+
+    fn new_key(&mut self) -> IdempotencyKey {
+        let (a, b) = (self.rng.next_u64(), self.rng.next_u64());
+        // 32 hex digits: always a valid identifier.
+        IdempotencyKey::new(format!("{a:016x}{b:016x}"))
+            .unwrap_or_else(|_| unreachable!("hex is a valid identifier"))
+    }
+
+    /// Sends (or resends, same key) command `i` if it may still be sent; fails it otherwise.
+    fn send(&mut self, now: Instant, i: usize) {
+        let c = &self.commands[i];
+        let token = match c.kind {
+            ActionKind::Host => {
+                if c.epoch != self.epoch() {
+                    let id = c.id.clone();
+                    self.fail(&id, CommandError::StaleEpoch);
+                    return;
+                }
+                match self.host_gate(now) {
+                    Ok(g) => g.token.clone(),
+                    Err(e) => {
+                        let id = c.id.clone();
+                        self.fail(&id, e);
+                        return;
+                    }
+                }
+            }
+            ActionKind::Participant => match &self.participant_grant {
+                Some(g) if self.can_send_participant() && !g.actions.contains(&c.action) => {
+                    let id = c.id.clone();
+                    self.fail(&id, CommandError::NoCapability);
+                    return;
+                }
+                Some(g) if self.can_send_participant() => g.token.clone(),
+                _ => {
+                    self.commands[i].state = CmdState::Queued;
+                    return;
+                }
+            },
+        };
+        if c.attempts >= self.config.max_attempts {
+            let id = c.id.clone();
+            self.fail(&id, CommandError::Timeout);
+            return;
+        }
+        let jitter = self.config.retry.delay_ms(c.attempts, &mut self.rng);
+        let c = &mut self.commands[i];
+        c.attempts += 1;
+        c.state = CmdState::InFlight {
+            resend_at: now.add_ms(self.config.command_timeout_ms + jitter),
+        };
+        self.transmits.push_back(ClientMsg::Command {
+            id: c.id.clone(),
+            action: c.action.clone(),
+            payload: c.payload.clone(),
+            epoch: c.epoch,
+            capability: token,
+        });
+    }
+
+    fn resend(&mut self, now: Instant, i: usize) {
+        if self.phase == Phase::Live {
+            self.send(now, i);
+        } else {
+            self.commands[i].state = CmdState::Unknown;
+        }
+    }
+
+    /// Sends every queued participant command, oldest first.
+    fn flush_queued(&mut self, now: Instant) {
+        if !self.can_send_participant() {
+            return;
+        }
+        let mut i = 0;
+        while i < self.commands.len() {
+            let before = self.commands.len();
+            if self.commands[i].state == CmdState::Queued {
+                self.send(now, i);
+            }
+            if self.commands.len() == before {
+                i += 1;
+            }
+        }
+    }
+
+    /// After a resync: commands whose outcome the disconnect hid. Participant commands go again
+    /// with the same key (the server deduplicates); host commands only in the same epoch.
+    fn revalidate_unknown(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.commands.len() {
+            let before = self.commands.len();
+            if self.commands[i].state == CmdState::Unknown {
+                let c = &self.commands[i];
+                if c.kind == ActionKind::Host
+                    && (c.epoch != self.epoch() || self.host_gate(now).is_err())
+                {
+                    // Its outcome is unknown and resending could replay a stale intention: the
+                    // room's event stream says whether it took effect.
+                    let id = c.id.clone();
+                    self.fail(&id, CommandError::Interrupted);
+                    continue;
+                }
+                self.commands[i].state = CmdState::Queued;
+                self.send(now, i);
+            }
+            if self.commands.len() == before {
+                i += 1;
+            }
+        }
+    }
+
+    fn fail(&mut self, id: &IdempotencyKey, error: CommandError) {
+        if let Some(i) = self.commands.iter().position(|c| &c.id == id) {
+            self.commands.remove(i);
+            self.events.push_back(Event::CommandFailed {
+                id: id.clone(),
+                error,
+            });
+        }
+    }
+
+    fn violation(&mut self, v: Violation) {
+        self.stats.violations += 1;
+        self.events.push_back(Event::ProtocolViolation(v));
+    }
+
+    fn set_phase(&mut self, phase: Phase) {
+        if self.phase != phase {
+            self.phase = phase;
+            self.events.push_back(Event::Phase(phase));
+        }
+    }
+
+    fn set_lease(&mut self, lease: LeaseState) {
+        if self.lease != lease {
+            let announce = core::mem::discriminant(&self.lease) != core::mem::discriminant(&lease);
+            self.lease = lease;
+            if announce {
+                self.events.push_back(Event::Lease(lease));
+            }
+        }
+    }
+
+    fn set_provisional(&mut self, p: Option<ParticipantId>) {
+        if self.provisional != p {
+            self.provisional = p.clone();
+            self.events
+                .push_back(Event::Provisional { coordinator: p });
+        }
+    }
+
+    fn update_provisional(&mut self) {
+        if self.phase != Phase::Offline {
+            return;
+        }
+        let me = self.me.clone();
+        let reachable = &self.reachable;
+        let p = provisional_coordinator(
+            self.current.as_ref().and_then(|a| a.host.as_ref()),
+            &self.members,
+            |id| reachable.contains(id) || me.as_ref() == Some(id),
+        )
+        .cloned();
+        self.set_provisional(p);
+    }
+}

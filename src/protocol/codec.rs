@@ -1,0 +1,312 @@
+//! Encoding and decoding of frames, with explicit limits.
+//!
+//! Every decoder here returns a typed [`DecodeError`] on bad input and never panics. Error
+//! messages are fixed strings: a decoder's error never echoes the input, so a token inside a
+//! malformed frame cannot leak into a log line through an error message.
+
+use core::fmt;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::messages::{
+    Assignment, ClientMsg, Item, Member, ServerMsg, Snapshot, PROTOCOL_VERSION,
+};
+use super::ids::MAX_TOKEN_LEN;
+
+/// Largest client → server frame, in bytes.
+pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
+/// Largest server → client frame, in bytes (a welcome of a full room with its replay).
+pub const MAX_SERVER_FRAME: usize = 4 * 1024 * 1024;
+/// Most members in one room (and so in one snapshot).
+pub const MAX_MEMBERS: usize = 16_384;
+/// Most items replayed in one welcome; the server announces older ones as a discontinuity.
+pub const MAX_REPLAY: usize = 4_096;
+/// Most actions in an action table or a capability.
+pub const MAX_ACTIONS: usize = 256;
+/// Longest display name, in bytes.
+pub const MAX_NAME_LEN: usize = 64;
+/// Longest error message in an error frame, in bytes.
+pub const MAX_MESSAGE_LEN: usize = 256;
+/// Longest base64url signature (an Ed25519 signature is 86 characters).
+pub const MAX_SIG_LEN: usize = 128;
+
+/// Why a frame was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Larger than the limit for its direction.
+    TooLarge { len: usize, max: usize },
+    /// Not JSON, or JSON of the wrong shape. `line`/`column` locate the problem.
+    Malformed { line: usize, column: usize },
+    /// No `v` field.
+    MissingVersion,
+    /// A major version this SDK does not speak.
+    UnsupportedVersion(u64),
+    /// A `t` this SDK does not know (a newer server's message; safe to ignore).
+    UnknownType,
+    /// Well-formed, but breaks a protocol limit or rule.
+    Invalid(&'static str),
+}
+
+impl DecodeError {
+    /// A stable code for logs, metrics and the JS error class.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DecodeError::TooLarge { .. } => "frame_too_large",
+            DecodeError::Malformed { .. } => "malformed_frame",
+            DecodeError::MissingVersion => "missing_version",
+            DecodeError::UnsupportedVersion(_) => "unsupported_version",
+            DecodeError::UnknownType => "unknown_message_type",
+            DecodeError::Invalid(_) => "invalid_frame",
+        }
+    }
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::TooLarge { len, max } => {
+                write!(f, "frame of {len} bytes is larger than the limit of {max}")
+            }
+            DecodeError::Malformed { line, column } => {
+                write!(f, "malformed frame at line {line}, column {column}")
+            }
+            DecodeError::MissingVersion => f.write_str("frame has no protocol version"),
+            DecodeError::UnsupportedVersion(v) => {
+                write!(f, "protocol version {v} is not supported (this SDK speaks {PROTOCOL_VERSION})")
+            }
+            DecodeError::UnknownType => f.write_str("unknown message type"),
+            DecodeError::Invalid(why) => write!(f, "invalid frame: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+fn malformed(e: serde_json::Error) -> DecodeError {
+    DecodeError::Malformed {
+        line: e.line(),
+        column: e.column(),
+    }
+}
+
+#[derive(Deserialize)]
+struct Head<'a> {
+    v: Option<u64>,
+    #[serde(borrow)]
+    t: Option<std::borrow::Cow<'a, str>>,
+}
+
+const SERVER_TYPES: &[&str] = &[
+    "welcome",
+    "assignment",
+    "event",
+    "lease_probe",
+    "lease_confirm",
+    "capability",
+    "presence",
+    "command_result",
+    "discontinuity",
+    "signal",
+    "error",
+];
+const CLIENT_TYPES: &[&str] = &["hello", "resume", "lease_echo", "leave", "command", "signal"];
+
+fn decode_frame<T: DeserializeOwned>(
+    text: &str,
+    max: usize,
+    known: &[&str],
+) -> Result<T, DecodeError> {
+    if text.len() > max {
+        return Err(DecodeError::TooLarge {
+            len: text.len(),
+            max,
+        });
+    }
+    // First pass: version and type only, so an unknown major version is reported as such rather
+    // than as whatever shape error its new fields would cause.
+    let head: Head<'_> = serde_json::from_str(text).map_err(malformed)?;
+    match head.v {
+        None => return Err(DecodeError::MissingVersion),
+        Some(v) if v != u64::from(PROTOCOL_VERSION) => {
+            return Err(DecodeError::UnsupportedVersion(v))
+        }
+        Some(_) => {}
+    }
+    match head.t {
+        Some(t) if known.contains(&t.as_ref()) => {}
+        _ => return Err(DecodeError::UnknownType),
+    }
+    serde_json::from_str(text).map_err(malformed)
+}
+
+/// Decodes one server → client text frame.
+pub fn decode_server(text: &str) -> Result<ServerMsg, DecodeError> {
+    let msg: ServerMsg = decode_frame(text, MAX_SERVER_FRAME, SERVER_TYPES)?;
+    validate_server(&msg)?;
+    Ok(msg)
+}
+
+/// Decodes one client → server text frame.
+pub fn decode_client(text: &str) -> Result<ClientMsg, DecodeError> {
+    let msg: ClientMsg = decode_frame(text, MAX_CLIENT_FRAME, CLIENT_TYPES)?;
+    validate_client(&msg)?;
+    Ok(msg)
+}
+
+/// Decodes an HTTP body of type `T` (snapshot, command request, inbox page, key set).
+pub fn decode_body<T: DeserializeOwned>(text: &str, max: usize) -> Result<T, DecodeError> {
+    if text.len() > max {
+        return Err(DecodeError::TooLarge {
+            len: text.len(),
+            max,
+        });
+    }
+    serde_json::from_str(text).map_err(malformed)
+}
+
+#[derive(Serialize)]
+struct Frame<'a, M> {
+    v: u32,
+    #[serde(flatten)]
+    msg: &'a M,
+}
+
+fn encode<M: Serialize>(msg: &M) -> String {
+    // Serialising these types cannot fail: every map key is a string and there are no
+    // non-finite floats of our own making (payload values came from JSON, which has none).
+    serde_json::to_string(&Frame {
+        v: PROTOCOL_VERSION,
+        msg,
+    })
+    .unwrap_or_else(|_| String::from("{\"v\":1,\"t\":\"error\",\"code\":\"internal\",\"message\":\"encode failed\"}"))
+}
+
+/// Encodes a server → client frame.
+pub fn encode_server(msg: &ServerMsg) -> String {
+    encode(msg)
+}
+
+/// Encodes a client → server frame.
+pub fn encode_client(msg: &ClientMsg) -> String {
+    encode(msg)
+}
+
+fn check(ok: bool, why: &'static str) -> Result<(), DecodeError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(DecodeError::Invalid(why))
+    }
+}
+
+/// Checks the rules an assignment must obey beyond its shape.
+pub fn validate_assignment(a: &Assignment) -> Result<(), DecodeError> {
+    check(
+        a.host.is_some() == a.session.is_some(),
+        "assignment host and session must both be set or both be absent",
+    )
+}
+
+fn validate_sig(sig: &Option<String>) -> Result<(), DecodeError> {
+    check(
+        sig.as_ref().is_none_or(|s| s.len() <= MAX_SIG_LEN),
+        "signature too long",
+    )
+}
+
+fn validate_member(m: &Member) -> Result<(), DecodeError> {
+    check(m.name.len() <= MAX_NAME_LEN, "display name too long")
+}
+
+fn validate_item(item: &Item) -> Result<(), DecodeError> {
+    match item {
+        Item::Assignment(a) => {
+            validate_assignment(&a.assignment)?;
+            validate_sig(&a.sig)
+        }
+        Item::Event(_) => Ok(()),
+    }
+}
+
+/// Checks a snapshot's counts and its assignment.
+pub fn validate_snapshot(s: &Snapshot) -> Result<(), DecodeError> {
+    check(s.members.len() <= MAX_MEMBERS, "too many members")?;
+    check(
+        s.actions.host.len() + s.actions.participant.len() <= MAX_ACTIONS,
+        "too many actions",
+    )?;
+    check(
+        s.current.assignment.room == s.room,
+        "snapshot assignment is for another room",
+    )?;
+    validate_assignment(&s.current.assignment)?;
+    validate_sig(&s.current.sig)?;
+    s.members.iter().try_for_each(validate_member)
+}
+
+fn validate_server(msg: &ServerMsg) -> Result<(), DecodeError> {
+    match msg {
+        ServerMsg::Welcome {
+            snapshot, missed, ..
+        } => {
+            validate_snapshot(snapshot)?;
+            check(missed.len() <= MAX_REPLAY, "too many replayed items")?;
+            missed.iter().try_for_each(validate_item)
+        }
+        ServerMsg::Assignment(a) => {
+            validate_assignment(&a.assignment)?;
+            validate_sig(&a.sig)
+        }
+        ServerMsg::Capability { token, actions, .. } => {
+            check(token.expose().len() <= MAX_TOKEN_LEN, "token too long")?;
+            check(actions.len() <= MAX_ACTIONS, "too many actions")
+        }
+        ServerMsg::Presence { member, .. } => validate_member(member),
+        ServerMsg::CommandResult { outcome, .. } => match outcome {
+            super::messages::Outcome::Rejected {
+                current: Some(a), ..
+            } => validate_assignment(&a.assignment),
+            _ => Ok(()),
+        },
+        ServerMsg::Discontinuity(g) => check(g.from <= g.to, "discontinuity range is reversed"),
+        ServerMsg::Error { message, .. } => {
+            check(message.len() <= MAX_MESSAGE_LEN, "error message too long")
+        }
+        _ => Ok(()),
+    }
+}
+
+fn validate_client(msg: &ClientMsg) -> Result<(), DecodeError> {
+    match msg {
+        ClientMsg::Hello { token, .. } | ClientMsg::Command { capability: token, .. } => {
+            check(token.expose().len() <= MAX_TOKEN_LEN, "token too long")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The exact bytes the server signs for an assignment (Ed25519, no pre-hash).
+///
+/// UTF-8 text, fields separated by `\n` (identifiers cannot contain a newline), absent host and
+/// session as empty strings:
+///
+/// ```text
+/// hostlease/v1/assignment\n{room}\n{host}\n{session}\n{epoch}\n{seq}\n{lease_ms}\n{reason}\n{issued_at}
+/// ```
+pub fn signing_bytes(a: &Assignment) -> Vec<u8> {
+    let host = a.host.as_ref().map_or("", |h| h.as_str());
+    let session = a.session.as_ref().map_or("", |s| s.as_str());
+    format!(
+        "hostlease/v1/assignment\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+        a.room,
+        host,
+        session,
+        a.epoch.0,
+        a.seq.0,
+        a.lease_ms,
+        a.reason.as_str(),
+        a.issued_at.0
+    )
+    .into_bytes()
+}
