@@ -796,9 +796,13 @@ impl HostView {
             return; // already asked from exactly here
         }
         self.stats.resyncs_requested += 1;
+        if !self.awaiting_welcome {
+            // With resumes outstanding, a welcome may answer the earliest: anchor its lease time
+            // there, never later than the server's reading of it.
+            self.resync_sent_at = now;
+        }
         self.awaiting_welcome = true;
         self.resume_asked = Some(self.cursor);
-        self.resync_sent_at = now;
         self.transmits.push_back(ClientMsg::Resume {
             cursor: self.cursor,
         });
@@ -879,6 +883,10 @@ impl HostView {
                 if let Some(a) = current {
                     self.adopt(a, Source::Server);
                 }
+                if matches!(code, RejectCode::StaleEpoch | RejectCode::NotHost) {
+                    // Our view was behind the server's: reload the authoritative state.
+                    self.request_resync(now, false);
+                }
                 let Some(i) = self.commands.iter().position(|c| c.id == id) else {
                     return; // adopting the newer assignment already failed it
                 };
@@ -899,14 +907,8 @@ impl HostView {
                     CommandError::from_reject(code)
                 };
                 self.fail(&id, error);
-                match code {
-                    RejectCode::StaleEpoch | RejectCode::NotHost => self.request_resync(now, false),
-                    RejectCode::LeaseExpired => {
-                        if matches!(self.lease, LeaseState::Held { .. }) {
-                            self.set_lease(LeaseState::Expired);
-                        }
-                    }
-                    _ => {}
+                if code == RejectCode::LeaseExpired && matches!(self.lease, LeaseState::Held { .. }) {
+                    self.set_lease(LeaseState::Expired);
                 }
             }
         }

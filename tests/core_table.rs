@@ -1,0 +1,620 @@
+//! Table tests: one transition of the core each.
+
+mod common;
+
+use common::*;
+use hostlease::core::*;
+use hostlease::protocol::*;
+use serde_json::json;
+
+fn server(v: &mut HostView, ms: u64, msg: ServerMsg) -> (Vec<ClientMsg>, Vec<Event>) {
+    v.handle_server(at(ms), msg);
+    drain(v)
+}
+
+fn assign(epoch: u64, seq: u64, host: Option<&str>) -> ServerMsg {
+    ServerMsg::Assignment(assignment(epoch, seq, host).into())
+}
+
+/// Makes `me` (already named host at `epoch`) hold a confirmed lease: probe, echo, confirm.
+fn confirm_lease(v: &mut HostView, epoch: u64, echo_at: u64, confirm_at: u64, remaining: u64) {
+    let (t, _) = server(v, echo_at, ServerMsg::LeaseProbe { nonce: 9, epoch: Epoch(epoch) });
+    assert_eq!(t, vec![ClientMsg::LeaseEcho { nonce: 9 }]);
+    server(v, confirm_at, ServerMsg::LeaseConfirm { nonce: 9, epoch: Epoch(epoch), remaining_ms: remaining });
+    server(v, confirm_at, host_cap(epoch));
+}
+
+fn host_command(v: &mut HostView, ms: u64) -> Result<IdempotencyKey, CommandError> {
+    v.command(at(ms), action("poll.open"), json!({"q": "?"}), None)
+}
+
+// ----- stale drop ---------------------------------------------------------------------------
+
+#[test]
+fn older_epoch_is_dropped_newer_is_adopted() {
+    let mut v = live("b", "a", 5);
+    let (_, ev) = server(&mut v, 20, assign(6, 6, Some("c")));
+    assert!(ev.iter().any(|e| matches!(e, Event::HostChanged { assignment, .. } if assignment.epoch == Epoch(6))));
+    // Epoch 4 on the stream (seq 7) is applied in order but must not move the view back.
+    server(&mut v, 21, assign(4, 7, Some("a")));
+    assert_eq!(v.epoch(), Some(Epoch(6)));
+    assert_eq!(v.assignment().unwrap().host, Some(pid("c")));
+    assert_eq!(v.stats().stale_dropped, 1);
+    assert_eq!(v.cursor(), Seq(7));
+}
+
+#[test]
+fn same_epoch_duplicate_is_harmless_and_conflict_is_a_violation() {
+    let mut v = live("b", "a", 5);
+    let dup = SignedAssignment::from(assignment(5, 5, Some("a")));
+    assert!(!v.handle_peer_assignment(at(20), dup));
+    let (_, ev) = drain(&mut v);
+    assert!(ev.is_empty(), "{ev:?}");
+    let conflicting = SignedAssignment::from(assignment(5, 5, Some("c")));
+    assert!(!v.handle_peer_assignment(at(21), conflicting));
+    let (_, ev) = drain(&mut v);
+    assert!(ev.contains(&Event::ProtocolViolation(Violation::ConflictingAssignment { epoch: Epoch(5) })));
+    assert_eq!(v.assignment().unwrap().host, Some(pid("a")), "the first holder stays");
+}
+
+#[test]
+fn assignment_for_another_room_is_a_violation() {
+    let mut v = live("b", "a", 5);
+    let mut other = assignment(9, 6, Some("c"));
+    other.room = RoomId::new("elsewhere").unwrap();
+    v.handle_peer_assignment(at(20), other.into());
+    let (_, ev) = drain(&mut v);
+    assert!(ev.contains(&Event::ProtocolViolation(Violation::WrongRoom)));
+    assert_eq!(v.epoch(), Some(Epoch(5)));
+}
+
+// ----- phases and resync --------------------------------------------------------------------
+
+#[test]
+fn phases_connecting_live_offline_resyncing_live() {
+    let mut v = HostView::new(config());
+    assert_eq!(v.phase(), Phase::Connecting);
+    v.handle_connected(at(0), Token::new("jt"));
+    let (t, _) = drain(&mut v);
+    assert!(matches!(&t[..], [ClientMsg::Hello { resume: Some(Seq(0)), epoch_seen: None, .. }]));
+    let snap = snapshot(assignment(1, 1, Some("a")), vec![member("a", 1)], None);
+    let (_, ev) = server(&mut v, 5, welcome("b", snap, vec![]));
+    assert_eq!(v.phase(), Phase::Live);
+    assert!(ev.contains(&Event::Phase(Phase::Live)));
+    v.handle_disconnected(at(10));
+    assert_eq!(v.phase(), Phase::Offline);
+    v.handle_connected(at(20), Token::new("jt"));
+    let (t, _) = drain(&mut v);
+    assert_eq!(v.phase(), Phase::Resyncing);
+    assert!(matches!(&t[..], [ClientMsg::Hello { resume: Some(Seq(1)), epoch_seen: Some(Epoch(1)), .. }]));
+    let snap = snapshot(assignment(1, 1, Some("a")), vec![member("a", 1)], None);
+    server(&mut v, 25, welcome("b", snap, vec![]));
+    assert_eq!(v.phase(), Phase::Live);
+}
+
+#[test]
+fn no_history_requested_when_replay_is_off() {
+    let mut v = HostView::new(Config { replay_history: false, ..config() });
+    v.handle_connected(at(0), Token::new("jt"));
+    let (t, _) = drain(&mut v);
+    assert!(matches!(&t[..], [ClientMsg::Hello { resume: None, .. }]));
+}
+
+#[test]
+fn input_before_the_snapshot_is_buffered_and_applied_once_in_order() {
+    let mut v = connected("b");
+    // The stream races ahead of the welcome: 6, 4, 5, 7, 5 (dup), 3 (covered by the snapshot).
+    for seq in [6, 4, 5, 7, 5, 3] {
+        server(&mut v, 1, ServerMsg::Event(event(seq, 2, "a")));
+    }
+    assert_eq!(v.buffered(), 5);
+    let snap = snapshot(assignment(2, 4, Some("a")), vec![member("a", 1)], None);
+    let missed = vec![Item::Event(event(3, 2, "a")), Item::Event(event(1, 1, "a")), Item::Event(event(2, 1, "a"))];
+    let (_, ev) = server(&mut v, 2, welcome("b", snap, missed));
+    // Replay 1..=3, then the snapshot at 4 (seq 4 is the assignment), then buffered 5, 6, 7.
+    assert_eq!(room_events(&ev), vec![1, 2, 3, 5, 6, 7]);
+    assert_eq!(v.cursor(), Seq(7));
+    assert_eq!(v.phase(), Phase::Live);
+}
+
+#[test]
+fn a_gap_while_live_asks_to_resume_and_the_welcome_fills_it() {
+    let mut v = live("b", "a", 2);
+    let (_, ev) = server(&mut v, 20, ServerMsg::Event(event(3, 2, "a")));
+    assert_eq!(room_events(&ev), vec![3]);
+    let (t, ev) = server(&mut v, 21, ServerMsg::Event(event(5, 2, "a")));
+    assert!(room_events(&ev).is_empty());
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(3) }]);
+    assert_eq!(v.phase(), Phase::Resyncing);
+    // Another gap while waiting does not ask again from the same cursor.
+    let (t, _) = server(&mut v, 22, ServerMsg::Event(event(7, 2, "a")));
+    assert!(t.is_empty());
+    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
+    let snap = Snapshot { seq: Seq(5), ..snap };
+    let (_, ev) = server(&mut v, 23, welcome("b", snap, vec![Item::Event(event(4, 2, "a")), Item::Event(event(5, 2, "a"))]));
+    // 4 and 5 from the replay; 7 stays buffered behind the gap at 6, so it asks again.
+    assert_eq!(room_events(&ev), vec![4, 5]);
+    assert_eq!(v.phase(), Phase::Resyncing);
+    let (t, _) = drain(&mut v);
+    assert!(t.is_empty());
+    let (_, ev) = server(&mut v, 24, ServerMsg::Event(event(6, 2, "a")));
+    assert!(room_events(&ev).is_empty(), "still resyncing, buffered");
+    let snap = Snapshot { seq: Seq(6), ..snapshot(assignment(2, 2, Some("a")), vec![], None) };
+    let (_, ev) = server(&mut v, 25, welcome("b", snap, vec![Item::Event(event(6, 2, "a"))]));
+    assert_eq!(room_events(&ev), vec![6, 7]);
+    assert_eq!(v.phase(), Phase::Live);
+}
+
+#[test]
+fn a_gap_the_server_cannot_fill_becomes_a_discontinuity() {
+    let mut v = live("b", "a", 2);
+    v.handle_disconnected(at(20));
+    v.handle_connected(at(30), Token::new("jt"));
+    drain(&mut v);
+    let snap = Snapshot { seq: Seq(10), ..snapshot(assignment(2, 2, Some("a")), vec![], None) };
+    let msg = ServerMsg::Welcome {
+        you: pid("b"),
+        session: sid("b-s"),
+        snapshot: snap,
+        missed: vec![Item::Event(event(9, 2, "a")), Item::Event(event(10, 2, "a"))],
+        discontinuity: Some(Gap { from: Seq(3), to: Seq(8) }),
+    };
+    let (_, ev) = server(&mut v, 31, msg);
+    assert!(ev.contains(&Event::Discontinuity(Gap { from: Seq(3), to: Seq(8) })));
+    assert_eq!(room_events(&ev), vec![9, 10]);
+}
+
+#[test]
+fn an_unannounced_hole_in_the_replay_is_reported_not_hidden() {
+    let mut v = live("b", "a", 2);
+    v.handle_disconnected(at(20));
+    v.handle_connected(at(30), Token::new("jt"));
+    drain(&mut v);
+    let snap = Snapshot { seq: Seq(6), ..snapshot(assignment(2, 2, Some("a")), vec![], None) };
+    let (_, ev) = server(&mut v, 31, welcome("b", snap, vec![Item::Event(event(5, 2, "a"))]));
+    assert!(ev.contains(&Event::Discontinuity(Gap { from: Seq(3), to: Seq(4) })));
+    assert!(ev.contains(&Event::Discontinuity(Gap { from: Seq(6), to: Seq(6) })));
+    assert_eq!(room_events(&ev), vec![5]);
+}
+
+#[test]
+fn buffer_overflow_drops_the_buffer_and_forces_a_new_resync() {
+    let mut v = HostView::new(Config { buffer_limit: 4, ..config() });
+    v.handle_connected(at(0), Token::new("jt"));
+    drain(&mut v);
+    for seq in 2..=6 {
+        v.handle_server(at(1), ServerMsg::Event(event(seq, 1, "a")));
+    }
+    let (t, _) = drain(&mut v);
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(0) }]);
+    assert_eq!(v.stats().buffer_overflows, 1);
+    assert_eq!(v.buffered(), 0);
+}
+
+#[test]
+fn a_standalone_discontinuity_moves_the_cursor() {
+    let mut v = live("b", "a", 2);
+    let (_, ev) = server(&mut v, 20, ServerMsg::Discontinuity(Gap { from: Seq(3), to: Seq(5) }));
+    assert!(ev.contains(&Event::Discontinuity(Gap { from: Seq(3), to: Seq(5) })));
+    let (_, ev) = server(&mut v, 21, ServerMsg::Event(event(6, 2, "a")));
+    assert_eq!(room_events(&ev), vec![6]);
+}
+
+#[test]
+fn frames_after_a_disconnect_are_ignored() {
+    let mut v = live("b", "a", 2);
+    v.handle_disconnected(at(20));
+    let (_, ev) = server(&mut v, 21, ServerMsg::Event(event(3, 2, "a")));
+    assert!(room_events(&ev).is_empty());
+    assert_eq!(v.cursor(), Seq(2));
+}
+
+// ----- peers --------------------------------------------------------------------------------
+
+#[test]
+fn peer_assignments_need_a_first_snapshot() {
+    let mut v = connected("b");
+    assert!(!v.handle_peer_assignment(at(1), assignment(9, 9, Some("c")).into()));
+    assert_eq!(v.epoch(), None);
+    assert_eq!(v.stats().peer_assignments_dropped, 1);
+}
+
+#[test]
+fn a_relayed_assignment_updates_the_host_but_never_grants_authority() {
+    let mut v = live("b", "a", 2);
+    assert!(v.handle_peer_assignment(at(20), assignment(3, 3, Some("b")).into()));
+    assert!(v.is_named_host());
+    assert!(!v.has_authority(at(21)));
+    assert_eq!(host_command(&mut v, 21), Err(CommandError::LeaseExpired));
+    // A host token that arrives without the server confirming a lease is still not enough.
+    server(&mut v, 22, host_cap(3));
+    assert!(!v.has_authority(at(22)));
+    // The peer relay does not move the cursor: seq is the server stream's.
+    assert_eq!(v.cursor(), Seq(2));
+}
+
+// ----- lease --------------------------------------------------------------------------------
+
+#[test]
+fn the_local_lease_is_anchored_at_the_echo_send_time() {
+    let mut v = live("a", "a", 2);
+    // Echo sent at 1000, confirm arrives at 1400 saying 3000 ms remain: the deadline is
+    // 1000 + 3000·(1−0.01) − 250 = 3720, not 1400 + ...
+    confirm_lease(&mut v, 2, 1000, 1400, 3000);
+    assert_eq!(v.lease(), LeaseState::Held { deadline: at(3720) });
+    assert!(v.has_authority(at(3719)));
+    assert!(!v.has_authority(at(3720)));
+    assert_eq!(v.poll_timeout(), Some(at(3720)));
+    host_command(&mut v, 3000).unwrap();
+    drain(&mut v);
+    // Past the deadline the host stops by itself, even before the timer fires.
+    assert_eq!(host_command(&mut v, 3720), Err(CommandError::LeaseExpired));
+    v.handle_timeout(at(3720));
+    assert_eq!(v.lease(), LeaseState::Expired);
+}
+
+#[test]
+fn a_confirmation_for_another_nonce_or_epoch_is_ignored() {
+    let mut v = live("a", "a", 2);
+    server(&mut v, 100, ServerMsg::LeaseProbe { nonce: 1, epoch: Epoch(2) });
+    server(&mut v, 110, ServerMsg::LeaseConfirm { nonce: 2, epoch: Epoch(2), remaining_ms: 9000 });
+    server(&mut v, 110, ServerMsg::LeaseConfirm { nonce: 1, epoch: Epoch(1), remaining_ms: 9000 });
+    // Only the snapshot's lease (anchored at the hello at t=0) holds: 0 + 2970 − 250.
+    assert_eq!(v.lease(), LeaseState::Held { deadline: at(2720) });
+}
+
+#[test]
+fn a_new_grant_has_no_authority_until_its_first_confirmation() {
+    let mut v = live("b", "a", 2);
+    server(&mut v, 20, assign(3, 3, Some("b")));
+    assert!(v.is_named_host());
+    assert_eq!(v.lease(), LeaseState::Unknown);
+    assert_eq!(host_command(&mut v, 21), Err(CommandError::LeaseExpired));
+    confirm_lease(&mut v, 3, 30, 40, 3000);
+    assert!(v.has_authority(at(41)));
+    host_command(&mut v, 41).unwrap();
+}
+
+#[test]
+fn wake_from_sleep_makes_the_lease_unknown_and_resyncs() {
+    let mut v = live("a", "a", 2);
+    confirm_lease(&mut v, 2, 100, 110, 3000);
+    assert!(v.has_authority(at(200)));
+    v.handle_wake(at(250));
+    let (t, ev) = drain(&mut v);
+    assert_eq!(v.lease(), LeaseState::Unknown);
+    assert!(ev.contains(&Event::Lease(LeaseState::Unknown)));
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
+    assert_eq!(host_command(&mut v, 251), Err(CommandError::NotAuthoritative));
+    // The next snapshot sets the lease again, anchored at the resume's send time (250).
+    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], Some(2000));
+    server(&mut v, 300, welcome("a", snap, vec![]));
+    assert_eq!(v.lease(), LeaseState::Held { deadline: at(250 + 1980 - 250) });
+}
+
+#[test]
+fn a_clock_that_goes_backwards_is_clamped() {
+    let mut v = live("a", "a", 2);
+    confirm_lease(&mut v, 2, 1000, 1010, 3000);
+    // An input stamped earlier than one already seen cannot extend the lease.
+    assert!(!v.has_authority(at(5000)));
+    assert_eq!(host_command(&mut v, 5000), Err(CommandError::LeaseExpired));
+    assert_eq!(host_command(&mut v, 10), Err(CommandError::LeaseExpired));
+}
+
+#[test]
+fn resign_relinquishes_at_once() {
+    let mut v = live("a", "a", 2);
+    confirm_lease(&mut v, 2, 100, 110, 3000);
+    v.resign(at(200)).unwrap();
+    let (t, _) = drain(&mut v);
+    assert!(matches!(&t[..], [ClientMsg::Command { action, epoch: Some(Epoch(2)), .. }] if action.as_str() == ACTION_RESIGN));
+    assert_eq!(v.lease(), LeaseState::Relinquished);
+    assert_eq!(host_command(&mut v, 201), Err(CommandError::NotHost));
+}
+
+#[test]
+fn transfer_names_the_target() {
+    let mut v = live("a", "a", 2);
+    confirm_lease(&mut v, 2, 100, 110, 3000);
+    v.transfer(at(200), &pid("c")).unwrap();
+    let (t, _) = drain(&mut v);
+    assert!(matches!(&t[..], [ClientMsg::Command { payload, .. }] if payload == &json!({"to": "c"})));
+    assert!(!v.has_authority(at(201)));
+}
+
+// ----- provisional coordinator --------------------------------------------------------------
+
+#[test]
+fn provisional_is_the_last_host_if_reachable() {
+    let mut v = live("c", "b", 2);
+    v.handle_peer_seen(at(15), pid("b"));
+    v.handle_disconnected(at(20));
+    let (_, ev) = drain(&mut v);
+    assert_eq!(v.provisional(), Some(&pid("b")));
+    assert!(ev.contains(&Event::Provisional { coordinator: Some(pid("b")) }));
+    assert_eq!(host_command(&mut v, 21), Err(CommandError::NotAuthoritative));
+}
+
+#[test]
+fn provisional_falls_back_to_the_first_reachable_member_in_server_order() {
+    let mut v = live("c", "a", 2);
+    v.handle_disconnected(at(20));
+    // Nobody reachable but me.
+    assert_eq!(v.provisional(), Some(&pid("c")));
+    v.handle_peer_seen(at(21), pid("b"));
+    assert_eq!(v.provisional(), Some(&pid("b")));
+    v.handle_peer_seen(at(22), pid("a"));
+    assert_eq!(v.provisional(), Some(&pid("a")), "the last host came back");
+    v.handle_peer_lost(at(23), &pid("a"));
+    assert_eq!(v.provisional(), Some(&pid("b")));
+    // Reconnecting ends the provisional view.
+    v.handle_connected(at(30), Token::new("jt"));
+    assert_eq!(v.provisional(), None);
+}
+
+#[test]
+fn provisional_follows_a_relayed_newer_assignment() {
+    let mut v = live("c", "a", 2);
+    v.handle_peer_seen(at(15), pid("a"));
+    v.handle_peer_seen(at(15), pid("b"));
+    v.handle_disconnected(at(20));
+    assert_eq!(v.provisional(), Some(&pid("a")));
+    v.handle_peer_assignment(at(21), assignment(3, 3, Some("b")).into());
+    assert_eq!(v.provisional(), Some(&pid("b")));
+}
+
+// ----- commands -----------------------------------------------------------------------------
+
+#[test]
+fn host_command_gating_reports_typed_errors() {
+    let mut v = live("b", "a", 2);
+    assert_eq!(host_command(&mut v, 20), Err(CommandError::NotHost));
+    assert_eq!(v.command(at(20), action("nope"), json!(null), None), Err(CommandError::UnknownAction));
+    // Named host, lease confirmed, but no token for this epoch.
+    let mut v = live("a", "a", 2);
+    server(&mut v, 50, ServerMsg::LeaseProbe { nonce: 1, epoch: Epoch(2) });
+    let mut w = HostView::new(config());
+    w.handle_connected(at(0), Token::new("jt"));
+    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], Some(3000));
+    w.handle_server(at(1), welcome("a", snap, vec![]));
+    drain(&mut w);
+    assert_eq!(host_command(&mut w, 2), Err(CommandError::NoCapability));
+    // A token for an older epoch does not count.
+    w.handle_server(at(3), host_cap(1));
+    assert_eq!(host_command(&mut w, 4), Err(CommandError::NoCapability));
+    w.handle_server(at(5), host_cap(2));
+    assert!(host_command(&mut w, 6).is_ok());
+    // A token that does not grant the action.
+    let cap = ServerMsg::Capability {
+        role: Role::Host, token: Token::new("t"), epoch: Some(Epoch(2)),
+        actions: vec![action("poll.close")], expires_in_ms: 3000,
+    };
+    w.handle_server(at(7), cap);
+    assert_eq!(host_command(&mut w, 8), Err(CommandError::NoCapability));
+    drop(v);
+}
+
+#[test]
+fn host_commands_carry_the_token_epoch_and_a_fresh_key() {
+    let mut v = live("a", "a", 2);
+    let k1 = host_command(&mut v, 20).unwrap();
+    let k2 = host_command(&mut v, 21).unwrap();
+    assert_ne!(k1, k2);
+    let (t, _) = drain(&mut v);
+    match &t[0] {
+        ClientMsg::Command { id, epoch, capability, .. } => {
+            assert_eq!(id, &k1);
+            assert_eq!(*epoch, Some(Epoch(2)));
+            assert_eq!(capability.expose(), "host-token-2");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn participant_commands_made_offline_are_queued_and_sent_after_resync_host_commands_never() {
+    let mut v = live("a", "a", 2);
+    v.handle_disconnected(at(20));
+    drain(&mut v);
+    let key = v.command(at(21), action("vote"), json!({"o": 1}), None).unwrap();
+    assert_eq!(host_command(&mut v, 21), Err(CommandError::NotAuthoritative));
+    let (t, ev) = drain(&mut v);
+    assert!(t.is_empty());
+    assert!(ev.contains(&Event::CommandQueued { id: key.clone() }));
+    assert_eq!(v.pending().filter(|(_, _, q)| *q).count(), 1);
+    v.handle_connected(at(30), Token::new("jt"));
+    drain(&mut v);
+    let snap = snapshot(assignment(3, 3, Some("b")), vec![], None);
+    v.handle_server(at(31), welcome("a", snap, vec![]));
+    let (t, _) = drain(&mut v);
+    assert!(t.is_empty(), "no participant token yet: {t:?}");
+    v.handle_server(at(31), participant_cap());
+    let (t, _) = drain(&mut v);
+    assert!(matches!(&t[..], [ClientMsg::Command { id, epoch: None, .. }] if id == &key));
+    let (_, ev) = server(&mut v, 32, ServerMsg::CommandResult { id: key.clone(), outcome: Outcome::Accepted { seq: Seq(4) } });
+    assert!(ev.contains(&Event::CommandAccepted { id: key, seq: Seq(4) }));
+    assert_eq!(v.pending().count(), 0);
+}
+
+#[test]
+fn a_host_command_in_flight_dies_with_its_epoch() {
+    let mut v = live("a", "a", 2);
+    let key = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    let (_, ev) = server(&mut v, 21, assign(3, 3, Some("b")));
+    assert!(ev.contains(&Event::CommandFailed { id: key.clone(), error: CommandError::StaleEpoch }));
+    // Its timer never resends it.
+    v.handle_timeout(at(60_000));
+    let (t, _) = drain(&mut v);
+    assert!(t.is_empty(), "{t:?}");
+}
+
+#[test]
+fn a_stale_epoch_rejection_adopts_the_current_assignment_and_resyncs() {
+    let mut v = live("a", "a", 2);
+    let key = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    let outcome = Outcome::Rejected {
+        code: RejectCode::StaleEpoch,
+        current: Some(assignment(4, 5, Some("c")).into()),
+        retry_after_ms: None,
+    };
+    let (t, ev) = server(&mut v, 21, ServerMsg::CommandResult { id: key.clone(), outcome });
+    assert!(ev.contains(&Event::CommandFailed { id: key, error: CommandError::StaleEpoch }));
+    assert_eq!(v.epoch(), Some(Epoch(4)));
+    assert!(!v.has_authority(at(22)));
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
+    assert_eq!(v.phase(), Phase::Resyncing);
+}
+
+#[test]
+fn unanswered_commands_are_resent_with_the_same_key_then_time_out() {
+    let mut v = HostView::new(Config { max_attempts: 3, ..config() });
+    v.handle_connected(at(0), Token::new("jt"));
+    v.handle_server(at(1), welcome("b", snapshot(assignment(1, 1, Some("a")), vec![], None), vec![]));
+    v.handle_server(at(1), participant_cap());
+    drain(&mut v);
+    let key = v.command(at(2), action("vote"), json!(1), None).unwrap();
+    let mut sent = 0;
+    let mut now = 2;
+    for _ in 0..10 {
+        let (t, ev) = drain(&mut v);
+        for m in &t {
+            assert!(matches!(m, ClientMsg::Command { id, .. } if id == &key));
+            sent += 1;
+        }
+        if ev.contains(&Event::CommandFailed { id: key.clone(), error: CommandError::Timeout }) {
+            break;
+        }
+        let Some(next) = v.poll_timeout() else { break };
+        now = next.as_millis().max(now);
+        v.handle_timeout(at(now));
+    }
+    assert_eq!(sent, 3);
+    assert_eq!(v.pending().count(), 0);
+}
+
+#[test]
+fn rate_limited_commands_wait_at_least_retry_after() {
+    let mut v = live("b", "a", 2);
+    let key = v.command(at(20), action("vote"), json!(1), None).unwrap();
+    drain(&mut v);
+    let outcome = Outcome::Rejected { code: RejectCode::RateLimited, current: None, retry_after_ms: Some(60_000) };
+    server(&mut v, 30, ServerMsg::CommandResult { id: key.clone(), outcome });
+    assert!(v.poll_timeout().unwrap() >= at(60_030));
+    v.handle_timeout(at(60_029));
+    assert!(drain(&mut v).0.is_empty());
+    v.handle_timeout(v.poll_timeout().unwrap());
+    let (t, _) = drain(&mut v);
+    assert!(matches!(&t[..], [ClientMsg::Command { id, .. }] if id == &key));
+}
+
+#[test]
+fn idempotency_conflict_is_reported() {
+    let mut v = live("b", "a", 2);
+    let key = IdempotencyKey::new("my-key").unwrap();
+    v.command(at(20), action("vote"), json!(1), Some(key.clone())).unwrap();
+    assert_eq!(
+        v.command(at(21), action("vote"), json!(2), Some(key.clone())),
+        Err(CommandError::IdempotencyConflict)
+    );
+    let outcome = Outcome::Rejected { code: RejectCode::IdempotencyConflict, current: None, retry_after_ms: None };
+    let (_, ev) = server(&mut v, 22, ServerMsg::CommandResult { id: key.clone(), outcome });
+    assert!(ev.contains(&Event::CommandFailed { id: key, error: CommandError::IdempotencyConflict }));
+}
+
+#[test]
+fn a_host_command_interrupted_by_a_disconnect_is_not_replayed_in_a_new_session() {
+    let mut v = live("a", "a", 2);
+    let key = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    v.handle_disconnected(at(21));
+    v.handle_connected(at(30), Token::new("jt"));
+    // Same epoch still names the old session a-s; this connection is a-s2.
+    let msg = ServerMsg::Welcome {
+        you: pid("a"), session: sid("a-s2"),
+        snapshot: snapshot(assignment(2, 2, Some("a")), vec![], None),
+        missed: vec![], discontinuity: None,
+    };
+    v.handle_server(at(31), msg);
+    let (t, ev) = drain(&mut v);
+    assert!(!t.iter().any(|m| matches!(m, ClientMsg::Command { .. })), "{t:?}");
+    assert!(ev.contains(&Event::CommandFailed { id: key, error: CommandError::Interrupted }));
+}
+
+#[test]
+fn leave_fails_pending_commands_and_closes() {
+    let mut v = live("b", "a", 2);
+    let key = v.command(at(20), action("vote"), json!(1), None).unwrap();
+    v.leave(at(21));
+    let (t, ev) = drain(&mut v);
+    assert_eq!(t.last(), Some(&ClientMsg::Leave));
+    assert!(ev.contains(&Event::CommandFailed { id: key, error: CommandError::Closed }));
+    assert_eq!(v.phase(), Phase::Closed);
+    assert_eq!(v.command(at(22), action("vote"), json!(1), None), Err(CommandError::Closed));
+}
+
+#[test]
+fn the_command_limit_is_enforced() {
+    let mut v = HostView::new(Config { command_limit: 2, ..config() });
+    v.command(at(0), action("vote"), json!(1), None).unwrap();
+    v.command(at(0), action("vote"), json!(2), None).unwrap();
+    assert_eq!(v.command(at(0), action("vote"), json!(3), None), Err(CommandError::QueueFull));
+}
+
+#[test]
+fn presence_updates_members_in_election_order() {
+    let mut v = live("b", "a", 2);
+    server(&mut v, 20, ServerMsg::Presence { member: member("z", 0), online: true });
+    let ids: Vec<&str> = v.members().iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["z", "a", "b", "c"]);
+    server(&mut v, 21, ServerMsg::Presence { member: member("a", 1), online: false });
+    let ids: Vec<&str> = v.members().iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["z", "b", "c"]);
+}
+
+#[test]
+fn every_error_has_a_stable_code() {
+    let all = [
+        CommandError::NotHost, CommandError::NotAuthoritative, CommandError::LeaseExpired,
+        CommandError::NoCapability, CommandError::StaleEpoch, CommandError::IdempotencyConflict,
+        CommandError::UnknownAction, CommandError::QueueFull, CommandError::Timeout,
+        CommandError::Interrupted, CommandError::Closed, CommandError::Rejected(RejectCode::BadRequest),
+    ];
+    let codes: std::collections::BTreeSet<_> = all.iter().map(|e| e.code()).collect();
+    assert_eq!(codes.len(), all.len());
+    assert!(all.iter().all(|e| !e.to_string().is_empty()));
+}
+
+// ----- election order and backoff -----------------------------------------------------------
+
+#[test]
+fn election_is_by_join_seq_then_id_and_skips_the_ineligible() {
+    let mut m = vec![member("b", 2), member("a", 2), member("c", 1)];
+    m[2].may_host = false;
+    assert_eq!(elect(&m).unwrap().id, pid("a"));
+    sort_members(&mut m);
+    let ids: Vec<&str> = m.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["c", "a", "b"]);
+    assert!(elect(&[] as &[Member]).is_none());
+}
+
+#[test]
+fn backoff_is_capped_full_jitter_and_honours_retry_after() {
+    let b = Backoff { base_ms: 100, cap_ms: 1000 };
+    assert_eq!(b.ceiling_ms(0), 100);
+    assert_eq!(b.ceiling_ms(3), 800);
+    assert_eq!(b.ceiling_ms(4), 1000);
+    assert_eq!(b.ceiling_ms(200), 1000);
+    let mut rng = SplitMix64::new(7);
+    let delays: Vec<u64> = (0..2000).map(|_| b.delay_ms(10, &mut rng)).collect();
+    assert!(delays.iter().all(|d| *d <= 1000));
+    assert!(delays.iter().any(|d| *d < 100) && delays.iter().any(|d| *d > 900), "full jitter spans the range");
+    for _ in 0..100 {
+        assert!(b.retry_delay_ms(0, Some(5000), &mut rng) >= 5000);
+    }
+    // Reproducible from the seed.
+    let (mut r1, mut r2) = (SplitMix64::new(42), SplitMix64::new(42));
+    assert_eq!(b.delay_ms(2, &mut r1), b.delay_ms(2, &mut r2));
+}
