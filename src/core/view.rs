@@ -157,6 +157,9 @@ pub enum Event {
     },
     /// The server sent an error frame; `Unauthorized` means the join token must be refreshed.
     ServerError(ErrorCode),
+    /// No welcome answered the hello in time: the driver should close this connection and
+    /// reconnect (with its usual backoff).
+    Stalled,
 }
 
 /// Where an adopted assignment came from.
@@ -223,6 +226,13 @@ struct Grant {
     expires_at: Instant,
 }
 
+/// How many recent probe echoes a confirmation may answer.
+const ECHOES_KEPT: usize = 4;
+
+fn is_relinquish(action: &Action) -> bool {
+    matches!(action.as_str(), ACTION_RESIGN | ACTION_TRANSFER)
+}
+
 /// The SDK's cached, self-correcting view of a room's host.
 #[derive(Debug)]
 pub struct HostView {
@@ -245,14 +255,19 @@ pub struct HostView {
     /// When the pending hello/resume was sent: the anchor for a snapshot's lease time.
     resync_sent_at: Instant,
     awaiting_welcome: bool,
+    /// The pending welcome answers a hello (not a resume on a live connection).
+    hello_pending: bool,
+    /// Ask again if no welcome came by then (a lost frame, a server that shed it).
+    resync_retry_at: Option<Instant>,
     members: Vec<Member>,
     actions: ActionTable,
     reachable: BTreeSet<ParticipantId>,
     provisional: Option<ParticipantId>,
     buffer: BTreeMap<Seq, Item>,
     lease: LeaseState,
-    /// The latest probe echoed: `(nonce, sent_at)`.
-    echo: Option<(u64, Instant)>,
+    /// The latest probes echoed, `(nonce, sent_at)`, newest last: a confirmation may answer any
+    /// of them when the round trip is longer than the probe interval.
+    echoes: VecDeque<(u64, Instant)>,
     host_grant: Option<Grant>,
     participant_grant: Option<Grant>,
     commands: Vec<PendingCommand>,
@@ -279,13 +294,15 @@ impl HostView {
             resume_asked: None,
             resync_sent_at: Instant::ZERO,
             awaiting_welcome: false,
+            hello_pending: false,
+            resync_retry_at: None,
             members: Vec::new(),
             actions,
             reachable: BTreeSet::new(),
             provisional: None,
             buffer: BTreeMap::new(),
             lease: LeaseState::NotHost,
-            echo: None,
+            echoes: VecDeque::new(),
             host_grant: None,
             participant_grant: None,
             commands: Vec::new(),
@@ -381,7 +398,7 @@ impl HostView {
             CmdState::Backoff { until } => Some(until),
             _ => None,
         });
-        lease.into_iter().chain(cmds).min()
+        lease.into_iter().chain(cmds).chain(self.resync_retry_at).min()
     }
 
     // ----- inputs --------------------------------------------------------------------------
@@ -404,10 +421,12 @@ impl HostView {
             None
         };
         self.buffer.clear();
-        self.echo = None;
+        self.echoes.clear();
         self.resume_asked = resume;
         self.resync_sent_at = now;
         self.awaiting_welcome = true;
+        self.hello_pending = true;
+        self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
         self.transmits.push_back(ClientMsg::Hello {
             token: join_token,
             resume,
@@ -429,8 +448,10 @@ impl HostView {
             return;
         }
         self.awaiting_welcome = false;
+        self.hello_pending = false;
+        self.resync_retry_at = None;
         self.buffer.clear();
-        self.echo = None;
+        self.echoes.clear();
         // The session is gone: its host token is worthless, its lease will lapse on the server.
         self.host_grant = None;
         self.participant_grant = None;
@@ -498,6 +519,16 @@ impl HostView {
                 self.set_lease(LeaseState::Expired);
             }
         }
+        if self.resync_retry_at.is_some_and(|t| now >= t) {
+            self.resync_retry_at = None;
+            if self.hello_pending {
+                // A resume is meaningless before the hello is answered: start over.
+                self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
+                self.events.push_back(Event::Stalled);
+            } else if self.awaiting_welcome || self.needs_participant_grant() {
+                self.request_resync(now, true);
+            }
+        }
         let due: Vec<usize> = self
             .commands
             .iter()
@@ -532,8 +563,15 @@ impl HostView {
             ServerMsg::Assignment(a) => self.handle_item(now, Item::Assignment(a)),
             ServerMsg::Event(e) => self.handle_item(now, Item::Event(e)),
             ServerMsg::LeaseProbe { nonce, .. } => {
+                if self.lease == LeaseState::Relinquished {
+                    // Giving the role up: let the lease lapse even if the resign is lost.
+                    return;
+                }
                 // Echo at once: the anchor of the local deadline is this send time.
-                self.echo = Some((nonce, now));
+                if self.echoes.len() == ECHOES_KEPT {
+                    self.echoes.pop_front();
+                }
+                self.echoes.push_back((nonce, now));
                 self.transmits.push_back(ClientMsg::LeaseEcho { nonce });
             }
             ServerMsg::LeaseConfirm {
@@ -625,6 +663,8 @@ impl HostView {
             }
         }
         self.awaiting_welcome = false;
+        self.hello_pending = false;
+        self.resync_retry_at = None;
         self.me = Some(you);
         self.session = Some(session);
 
@@ -677,7 +717,9 @@ impl HostView {
             self.actions = snapshot.actions;
         }
         self.events.push_back(Event::MembersChanged);
-        let lease = if self.is_named_host() {
+        let lease = if self.is_named_host() && self.lease == LeaseState::Relinquished {
+            LeaseState::Relinquished // a resign or transfer is on its way; never take it back
+        } else if self.is_named_host() {
             match snapshot.lease_remaining_ms {
                 Some(r) => self.local_deadline(self.resync_sent_at, r, now),
                 None => LeaseState::Unknown,
@@ -705,16 +747,23 @@ impl HostView {
     }
 
     fn handle_confirm(&mut self, now: Instant, nonce: u64, epoch: Epoch, remaining_ms: u64) {
-        let Some((echoed, sent_at)) = self.echo else {
+        let Some(&(_, sent_at)) = self.echoes.iter().find(|(n, _)| *n == nonce) else {
             return;
         };
-        if echoed != nonce || Some(epoch) != self.epoch() || !self.is_named_host() {
+        if Some(epoch) != self.epoch() || !self.is_named_host() {
             return;
         }
         if matches!(self.lease, LeaseState::Relinquished) || self.phase != Phase::Live {
             return;
         }
-        let lease = self.local_deadline(sent_at, remaining_ms, now);
+        let lease = match (self.local_deadline(sent_at, remaining_ms, now), self.lease) {
+            // A confirmation of an older echo never shortens a deadline a newer one set.
+            (LeaseState::Held { deadline: new }, LeaseState::Held { deadline: old }) => {
+                LeaseState::Held { deadline: new.max(old) }
+            }
+            (LeaseState::Expired, held @ LeaseState::Held { .. }) => held,
+            (new, _) => new,
+        };
         self.set_lease(lease);
     }
 
@@ -802,6 +851,11 @@ impl HostView {
             self.resync_sent_at = now;
         }
         self.awaiting_welcome = true;
+        let retry = self
+            .config
+            .retry
+            .retry_delay_ms(self.stats.resyncs_requested.min(16) as u32, None, &mut self.rng);
+        self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms + retry));
         self.resume_asked = Some(self.cursor);
         self.transmits.push_back(ClientMsg::Resume {
             cursor: self.cursor,
@@ -840,7 +894,7 @@ impl HostView {
         self.current_signed = Some(signed);
         // A new epoch ends every host token and every host command of older epochs.
         self.host_grant = None;
-        self.echo = None;
+        self.echoes.clear();
         let fail: Vec<IdempotencyKey> = self
             .commands
             .iter()
@@ -874,6 +928,11 @@ impl HostView {
             Outcome::Accepted { seq } => {
                 self.commands.remove(i);
                 self.events.push_back(Event::CommandAccepted { id, seq });
+                if seq > self.cursor && self.phase == Phase::Live && self.buffer.is_empty() {
+                    // The server publishes the event before it answers the sender, on the same
+                    // ordered connection: not having it means it was lost.
+                    self.request_resync(now, false);
+                }
             }
             Outcome::Rejected {
                 code,
@@ -906,6 +965,16 @@ impl HostView {
                 } else {
                     CommandError::from_reject(code)
                 };
+                let c = &self.commands[i];
+                if is_relinquish(&c.action)
+                    && self.lease == LeaseState::Relinquished
+                    && c.epoch == self.epoch()
+                {
+                    // The server refused the resign, so it certainly did not happen: still the
+                    // named host, with authority again from the next confirmed probe. (When the
+                    // outcome is unknown the session stays relinquished and lets the lease lapse.)
+                    self.set_lease(LeaseState::Unknown);
+                }
                 self.fail(&id, error);
                 if code == RejectCode::LeaseExpired && matches!(self.lease, LeaseState::Held { .. }) {
                     self.set_lease(LeaseState::Expired);
@@ -955,7 +1024,7 @@ impl HostView {
             ActionKind::Participant => None,
         };
         let id = key.unwrap_or_else(|| self.new_key());
-        let relinquish = matches!(action.as_str(), ACTION_RESIGN | ACTION_TRANSFER);
+        let relinquish = is_relinquish(&action);
         self.commands.push(PendingCommand {
             id: id.clone(),
             action,
@@ -968,6 +1037,7 @@ impl HostView {
         let i = self.commands.len() - 1;
         if kind == ActionKind::Participant && !self.can_send_participant() {
             self.events.push_back(Event::CommandQueued { id: id.clone() });
+            self.flush_queued(now); // arms the resync timer if live without a token
         } else {
             self.send(now, i);
         }
@@ -1018,6 +1088,12 @@ impl HostView {
 
     /// Every local condition for a host command, in the order the errors are reported.
     fn host_gate(&self, now: Instant) -> Result<&Grant, CommandError> {
+        self.host_gate_inner(now, false)
+    }
+
+    /// `relinquishing`: a resend of `host.resign` / `host.transfer`, which may go out after this
+    /// session stopped acting as host (giving up the role cannot cause two hosts).
+    fn host_gate_inner(&self, now: Instant, relinquishing: bool) -> Result<&Grant, CommandError> {
         if self.phase != Phase::Live {
             return Err(CommandError::NotAuthoritative);
         }
@@ -1026,6 +1102,7 @@ impl HostView {
         }
         match self.lease {
             LeaseState::Held { deadline } if now < deadline => {}
+            LeaseState::Relinquished if relinquishing => {}
             LeaseState::Relinquished | LeaseState::NotHost => return Err(CommandError::NotHost),
             _ => return Err(CommandError::LeaseExpired),
         }
@@ -1060,7 +1137,7 @@ impl HostView {
                     self.fail(&id, CommandError::StaleEpoch);
                     return;
                 }
-                match self.host_gate(now) {
+                match self.host_gate_inner(now, is_relinquish(&c.action)) {
                     Ok(g) => g.token.clone(),
                     Err(e) => {
                         let id = c.id.clone();
@@ -1110,9 +1187,20 @@ impl HostView {
         }
     }
 
+    /// Live, with participant commands waiting for a token the server has not (yet) sent.
+    fn needs_participant_grant(&self) -> bool {
+        self.phase == Phase::Live
+            && !self.can_send_participant()
+            && self.commands.iter().any(|c| c.state == CmdState::Queued)
+    }
+
     /// Sends every queued participant command, oldest first.
     fn flush_queued(&mut self, now: Instant) {
         if !self.can_send_participant() {
+            if self.needs_participant_grant() && self.resync_retry_at.is_none() {
+                // The grant normally follows the welcome at once; if it does not come, resync.
+                self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
+            }
             return;
         }
         let mut i = 0;
