@@ -1,0 +1,299 @@
+//! Property tests of the core's invariants. `PROPTEST_CASES` sets the number of cases per
+//! property (`cargo xtask test` uses 10,000).
+
+mod common;
+
+use common::*;
+use hostlease::core::*;
+use hostlease::protocol::*;
+use proptest::prelude::*;
+use serde_json::json;
+
+/// Assignments 1..=n with holders drawn from a few participants (host `None` allowed).
+fn holders(n: usize) -> impl Strategy<Value = Vec<Option<u8>>> {
+    prop::collection::vec(prop::option::weighted(0.85, 0u8..4), n)
+}
+
+fn holder_name(h: Option<u8>) -> Option<String> {
+    h.map(|i| format!("p{i}"))
+}
+
+proptest! {
+    /// Any permutation and duplication of an assignment stream, arriving from the server stream
+    /// and from peers in any interleaving, leaves the view at the newest epoch, and the epoch
+    /// never moves backwards on the way.
+    #[test]
+    fn any_order_of_assignments_converges_on_the_newest_epoch(
+        hs in holders(12),
+        order in prop::collection::vec((0usize..12, any::<bool>()), 1..60),
+    ) {
+        let n = hs.len() as u64;
+        let mut v = live("zz", "p0", 0);
+        let mut delivered_max = 0;
+        let mut last = v.epoch().unwrap();
+        // Every assignment is relayed at least once; extra deliveries in random order.
+        let all: Vec<(usize, bool)> = (0..hs.len()).map(|i| (i, false)).collect();
+        for (i, via_server) in order.into_iter().chain(all) {
+            let epoch = i as u64 + 1;
+            let name = holder_name(hs[i]);
+            let a = assignment(epoch, epoch, name.as_deref());
+            if via_server {
+                v.handle_server(at(20), ServerMsg::Assignment(a.into()));
+            } else {
+                v.handle_peer_assignment(at(20), a.into());
+            }
+            drain(&mut v);
+            let now = v.epoch().unwrap();
+            prop_assert!(now >= last, "epoch moved back from {last:?} to {now:?}");
+            last = now;
+            if !via_server {
+                delivered_max = delivered_max.max(epoch);
+            }
+        }
+        prop_assert_eq!(v.epoch(), Some(Epoch(n)));
+        prop_assert_eq!(delivered_max, n);
+        let expected = holder_name(hs[hs.len() - 1]);
+        prop_assert_eq!(v.assignment().unwrap().host.as_ref().map(|p| p.as_str()), expected.as_deref());
+        prop_assert_eq!(v.stats().violations, 0);
+    }
+
+    /// Whatever arrives before the welcome, in whatever order and multiplicity, the events after
+    /// the snapshot are applied exactly once, in order, and none with `seq <= snapshot.seq`.
+    #[test]
+    fn buffered_events_apply_once_in_order_after_the_snapshot(
+        total in 1u64..40,
+        snap_at in 0u64..40,
+        early in prop::collection::vec(1u64..40, 0..80),
+        late in prop::collection::vec(1u64..40, 0..80),
+    ) {
+        let snap_at = snap_at.min(total);
+        let mut v = HostView::new(Config { replay_history: false, ..config() });
+        v.handle_connected(at(0), Token::new("jt"));
+        drain(&mut v);
+        let mut applied = Vec::new();
+        for seq in early.iter().copied().filter(|s| *s <= total) {
+            v.handle_server(at(1), ServerMsg::Event(event(seq, 1, "a")));
+        }
+        let a = Assignment { seq: Seq(0), ..assignment(1, 0, Some("a")) };
+        let snap = Snapshot { seq: Seq(snap_at), ..snapshot(a, vec![member("a", 1)], None) };
+        v.handle_server(at(2), welcome("b", snap, vec![]));
+        let (_, ev) = drain(&mut v);
+        applied.extend(room_events(&ev));
+        // The rest of the stream, shuffled and duplicated; then the server answers any resume.
+        for seq in late.iter().copied().filter(|s| *s <= total) {
+            v.handle_server(at(3), ServerMsg::Event(event(seq, 1, "a")));
+            let (_, ev) = drain(&mut v);
+            applied.extend(room_events(&ev));
+        }
+        for _ in 0..3 {
+            // A resume answered with everything after the cursor.
+            let cursor = v.cursor();
+            let missed: Vec<Item> = (cursor.0 + 1..=total).map(|s| Item::Event(event(s, 1, "a"))).collect();
+            let a = Assignment { seq: Seq(0), ..assignment(1, 0, Some("a")) };
+            let snap = Snapshot { seq: Seq(total), ..snapshot(a, vec![member("a", 1)], None) };
+            v.handle_server(at(4), welcome("b", snap, missed));
+            let (_, ev) = drain(&mut v);
+            applied.extend(room_events(&ev));
+        }
+        let expected: Vec<u64> = (snap_at + 1..=total).collect();
+        prop_assert_eq!(applied, expected);
+        prop_assert_eq!(v.cursor(), Seq(total));
+    }
+
+    /// No host command ever leaves the core when it is not the host, not live, or past its local
+    /// lease — whatever the sequence of inputs.
+    #[test]
+    fn no_host_command_without_authority(ops in prop::collection::vec(op(), 1..120)) {
+        run_ops(ops)?;
+    }
+
+    /// While offline, the provisional coordinator is what the server's order picks, on every page.
+    #[test]
+    fn provisional_coordinator_matches_the_server_order(
+        members in prop::collection::vec((0u64..6, 0u8..8, any::<bool>()), 1..8),
+        last_host in prop::option::of(0u8..8),
+        reachable in prop::collection::vec(any::<bool>(), 8),
+    ) {
+        let mut ms: Vec<Member> = Vec::new();
+        for (join, id, may_host) in members {
+            let name = format!("p{id}");
+            if ms.iter().any(|m| m.id.as_str() == name) { continue; }
+            ms.push(Member { may_host, ..member(&name, join) });
+        }
+        let host = last_host.map(|h| format!("p{h}"));
+        let reach = |name: &str| reachable[name[1..].parse::<usize>().unwrap()];
+        // The expected choice, computed independently of `core::order`.
+        let mut sorted: Vec<&Member> = ms.iter().collect();
+        sorted.sort_by(|a, b| (a.join_seq, a.id.as_str(), a.session.as_str()).cmp(&(b.join_seq, b.id.as_str(), b.session.as_str())));
+        let expected = match &host {
+            Some(h) if reach(h) => Some(h.clone()),
+            _ => sorted.iter().find(|m| m.may_host && reach(m.id.as_str())).map(|m| m.id.to_string()),
+        };
+        // Every reachable member's page computes the same coordinator.
+        let pages: Vec<&Member> = ms.iter().filter(|m| reach(m.id.as_str())).collect();
+        for me in pages {
+            let mut v = connected(me.id.as_str());
+            let a = assignment(3, 3, host.as_deref());
+            let snap = snapshot(a, ms.clone(), None);
+            v.handle_server(at(1), welcome(me.id.as_str(), snap, vec![]));
+            for i in 0..8u8 {
+                let p = format!("p{i}");
+                if reach(&p) && p != me.id.as_str() { v.handle_peer_seen(at(2), pid(&p)); }
+            }
+            v.handle_disconnected(at(3));
+            prop_assert_eq!(v.provisional().map(|p| p.to_string()), expected.clone(), "page {}", me.id);
+            prop_assert!(!v.has_authority(at(3)));
+        }
+    }
+}
+
+/// Drives one view through `ops`, checking after every input that any host command emitted
+/// had authority by the design's rule.
+fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut v = HostView::new(config());
+    let mut now = 0u64;
+    let mut epoch = 1u64;
+    let mut seq = 1u64;
+    let mut nonce = 0u64;
+    for o in ops {
+        match o {
+            Op::Advance(ms) => now += ms,
+            Op::Connect => v.handle_connected(at(now), Token::new("jt")),
+            Op::Disconnect => v.handle_disconnected(at(now)),
+            Op::Welcome { me_host, lease } => {
+                let host = if me_host { "me" } else { "other" };
+                let a = assignment(epoch, seq, Some(host));
+                let snap = snapshot(a, vec![member("me", 1), member("other", 2)], lease);
+                v.handle_server(at(now), welcome("me", snap, vec![]));
+                v.handle_server(at(now), participant_cap());
+            }
+            Op::Grant { me_host } => {
+                epoch += 1;
+                seq += 1;
+                let host = if me_host { "me" } else { "other" };
+                v.handle_server(at(now), ServerMsg::Assignment(assignment(epoch, seq, Some(host)).into()));
+            }
+            Op::PeerGrant { me_host } => {
+                let host = if me_host { "me" } else { "other" };
+                v.handle_peer_assignment(at(now), assignment(epoch + 1, seq + 1, Some(host)).into());
+            }
+            Op::Probe => {
+                nonce += 1;
+                v.handle_server(at(now), ServerMsg::LeaseProbe { nonce, epoch: Epoch(epoch) });
+            }
+            Op::Confirm { remaining, stale_epoch } => {
+                let e = if stale_epoch { epoch.saturating_sub(1) } else { epoch };
+                v.handle_server(at(now), ServerMsg::LeaseConfirm { nonce, epoch: Epoch(e), remaining_ms: remaining });
+            }
+            Op::HostToken { stale_epoch } => {
+                let e = if stale_epoch { epoch.saturating_sub(1) } else { epoch };
+                v.handle_server(at(now), host_cap(e));
+            }
+            Op::Wake(jump) => {
+                now += jump;
+                v.handle_wake(at(now));
+            }
+            Op::HostCommand => { let _ = v.command(at(now), action("poll.open"), json!(now), None); }
+            Op::Vote => { let _ = v.command(at(now), action("vote"), json!(now), None); }
+            Op::Resign => { let _ = v.resign(at(now)); }
+            Op::Timeout => v.handle_timeout(at(now)),
+            Op::Reject(code) => {
+                let first = v.pending().next().map(|(id, _, _)| id.clone());
+                if let Some(id) = first {
+                    let outcome = Outcome::Rejected { code, current: None, retry_after_ms: Some(50) };
+                    v.handle_server(at(now), ServerMsg::CommandResult { id, outcome });
+                }
+            }
+        }
+        // What the state allowed right after this input is what any emitted frame had.
+        let authority = host_authority_by_hand(&v, at(now));
+        prop_assert!(authority || !v.has_authority(at(now)), "authority beyond the rule");
+        while let Some(m) = v.poll_transmit() {
+            if let ClientMsg::Command { action, epoch: e, .. } = &m {
+                if action.as_str() == "poll.open" {
+                    prop_assert!(authority, "host command sent without authority");
+                    EMITTED.with(|e| e.set(e.get() + 1));
+                    prop_assert_eq!(*e, v.epoch());
+                }
+            }
+        }
+        while v.poll_event().is_some() {}
+    }
+    Ok(())
+}
+
+thread_local! {
+    static EMITTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The property above must actually reach authority: run a slice of it and count the host
+/// commands that left the core.
+#[test]
+fn the_authority_property_is_not_vacuous() {
+    use proptest::test_runner::{Config as RunnerConfig, TestRunner};
+    let mut runner = TestRunner::new(RunnerConfig { cases: 200, ..RunnerConfig::default() });
+    let before = EMITTED.with(|e| e.get());
+    runner
+        .run(&prop::collection::vec(op(), 1..120), |ops| {
+            run_ops(ops)
+        })
+        .unwrap();
+    let emitted = EMITTED.with(|e| e.get()) - before;
+    assert!(emitted > 10, "only {emitted} host commands emitted in 200 cases");
+}
+
+/// The authority rule restated from the design, independently of `HostView::has_authority`.
+fn host_authority_by_hand(v: &HostView, now: Instant) -> bool {
+    let live = v.phase() == Phase::Live;
+    let named = match (v.assignment(), v.me(), v.session()) {
+        (Some(a), Some(me), Some(s)) => a.host.as_ref() == Some(me) && a.session.as_ref() == Some(s),
+        _ => false,
+    };
+    let leased = matches!(v.lease(), LeaseState::Held { deadline } if now < deadline);
+    live && named && leased
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Advance(u64),
+    Connect,
+    Disconnect,
+    Welcome { me_host: bool, lease: Option<u64> },
+    Grant { me_host: bool },
+    PeerGrant { me_host: bool },
+    Probe,
+    Confirm { remaining: u64, stale_epoch: bool },
+    HostToken { stale_epoch: bool },
+    Wake(u64),
+    HostCommand,
+    Vote,
+    Resign,
+    Timeout,
+    Reject(RejectCode),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    // Weighted towards the inputs that make this session the host, so that many cases reach
+    // authority and then lose it in every way there is.
+    prop_oneof![
+        3 => (1u64..300).prop_map(Op::Advance),
+        1 => (300u64..5000).prop_map(Op::Advance),
+        3 => Just(Op::Connect),
+        1 => Just(Op::Disconnect),
+        4 => (any::<bool>(), prop::option::of(0u64..5000)).prop_map(|(me_host, lease)| Op::Welcome { me_host, lease }),
+        2 => any::<bool>().prop_map(|me_host| Op::Grant { me_host }),
+        1 => any::<bool>().prop_map(|me_host| Op::PeerGrant { me_host }),
+        3 => Just(Op::Probe),
+        3 => (0u64..5000, any::<bool>()).prop_map(|(remaining, stale_epoch)| Op::Confirm { remaining, stale_epoch }),
+        4 => any::<bool>().prop_map(|stale_epoch| Op::HostToken { stale_epoch }),
+        1 => (1u64..10_000).prop_map(Op::Wake),
+        6 => Just(Op::HostCommand),
+        1 => Just(Op::Vote),
+        1 => Just(Op::Resign),
+        2 => Just(Op::Timeout),
+        1 => prop_oneof![
+            Just(RejectCode::StaleEpoch), Just(RejectCode::RateLimited),
+            Just(RejectCode::LeaseExpired), Just(RejectCode::NotHost)
+        ].prop_map(Op::Reject),
+    ]
+}
