@@ -171,45 +171,91 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 epoch += 1;
                 seq += 1;
                 let host = if me_host { "me" } else { "other" };
-                v.handle_server(at(now), ServerMsg::Assignment(assignment(epoch, seq, Some(host)).into()));
+                v.handle_server(
+                    at(now),
+                    ServerMsg::Assignment(assignment(epoch, seq, Some(host)).into()),
+                );
             }
             Op::PeerGrant { me_host } => {
                 let host = if me_host { "me" } else { "other" };
-                v.handle_peer_assignment(at(now), assignment(epoch + 1, seq + 1, Some(host)).into());
+                v.handle_peer_assignment(
+                    at(now),
+                    assignment(epoch + 1, seq + 1, Some(host)).into(),
+                );
             }
             Op::Probe => {
                 nonce += 1;
-                v.handle_server(at(now), ServerMsg::LeaseProbe { nonce, epoch: Epoch(epoch) });
+                v.handle_server(
+                    at(now),
+                    ServerMsg::LeaseProbe {
+                        nonce,
+                        epoch: Epoch(epoch),
+                    },
+                );
             }
-            Op::Confirm { remaining, stale_epoch } => {
-                let e = if stale_epoch { epoch.saturating_sub(1) } else { epoch };
-                v.handle_server(at(now), ServerMsg::LeaseConfirm { nonce, epoch: Epoch(e), remaining_ms: remaining });
+            Op::Confirm {
+                remaining,
+                stale_epoch,
+            } => {
+                let e = if stale_epoch {
+                    epoch.saturating_sub(1)
+                } else {
+                    epoch
+                };
+                v.handle_server(
+                    at(now),
+                    ServerMsg::LeaseConfirm {
+                        nonce,
+                        epoch: Epoch(e),
+                        remaining_ms: remaining,
+                    },
+                );
             }
             Op::HostToken { stale_epoch } => {
-                let e = if stale_epoch { epoch.saturating_sub(1) } else { epoch };
+                let e = if stale_epoch {
+                    epoch.saturating_sub(1)
+                } else {
+                    epoch
+                };
                 v.handle_server(at(now), host_cap(e));
             }
             Op::Wake(jump) => {
                 now += jump;
                 v.handle_wake(at(now));
             }
-            Op::HostCommand => { let _ = v.command(at(now), action("poll.open"), json!(now), None); }
-            Op::Vote => { let _ = v.command(at(now), action("vote"), json!(now), None); }
-            Op::Resign => { let _ = v.resign(at(now)); }
+            Op::HostCommand => {
+                let _ = v.command(at(now), action("poll.open"), json!(now), None);
+            }
+            Op::Vote => {
+                let _ = v.command(at(now), action("vote"), json!(now), None);
+            }
+            Op::Resign => {
+                let _ = v.resign(at(now));
+            }
             Op::Timeout => v.handle_timeout(at(now)),
             Op::Reject(code) => {
                 let first = v.pending().next().map(|(id, _, _)| id.clone());
                 if let Some(id) = first {
-                    let outcome = Outcome::Rejected { code, current: None, retry_after_ms: Some(50) };
+                    let outcome = Outcome::Rejected {
+                        code,
+                        current: None,
+                        retry_after_ms: Some(50),
+                    };
                     v.handle_server(at(now), ServerMsg::CommandResult { id, outcome });
                 }
             }
         }
         // What the state allowed right after this input is what any emitted frame had.
         let authority = host_authority_by_hand(&v, at(now));
-        prop_assert!(authority || !v.has_authority(at(now)), "authority beyond the rule");
+        prop_assert!(
+            authority || !v.has_authority(at(now)),
+            "authority beyond the rule"
+        );
         while let Some(m) = v.poll_transmit() {
-            if let ClientMsg::Command { action, epoch: e, .. } = &m {
+            if let ClientMsg::Command {
+                action, epoch: e, ..
+            } = &m
+            {
                 if action.as_str() == "poll.open" {
                     prop_assert!(authority, "host command sent without authority");
                     EMITTED.with(|e| e.set(e.get() + 1));
@@ -231,22 +277,28 @@ thread_local! {
 #[test]
 fn the_authority_property_is_not_vacuous() {
     use proptest::test_runner::{Config as RunnerConfig, TestRunner};
-    let mut runner = TestRunner::new(RunnerConfig { cases: 200, ..RunnerConfig::default() });
+    let mut runner = TestRunner::new(RunnerConfig {
+        cases: 200,
+        ..RunnerConfig::default()
+    });
     let before = EMITTED.with(|e| e.get());
     runner
-        .run(&prop::collection::vec(op(), 1..120), |ops| {
-            run_ops(ops)
-        })
+        .run(&prop::collection::vec(op(), 1..120), run_ops)
         .unwrap();
     let emitted = EMITTED.with(|e| e.get()) - before;
-    assert!(emitted > 10, "only {emitted} host commands emitted in 200 cases");
+    assert!(
+        emitted > 10,
+        "only {emitted} host commands emitted in 200 cases"
+    );
 }
 
 /// The authority rule restated from the design, independently of `HostView::has_authority`.
 fn host_authority_by_hand(v: &HostView, now: Instant) -> bool {
     let live = v.phase() == Phase::Live;
     let named = match (v.assignment(), v.me(), v.session()) {
-        (Some(a), Some(me), Some(s)) => a.host.as_ref() == Some(me) && a.session.as_ref() == Some(s),
+        (Some(a), Some(me), Some(s)) => {
+            a.host.as_ref() == Some(me) && a.session.as_ref() == Some(s)
+        }
         _ => false,
     };
     let leased = matches!(v.lease(), LeaseState::Held { deadline } if now < deadline);

@@ -18,9 +18,24 @@ fn assign(epoch: u64, seq: u64, host: Option<&str>) -> ServerMsg {
 
 /// Makes `me` (already named host at `epoch`) hold a confirmed lease: probe, echo, confirm.
 fn confirm_lease(v: &mut HostView, epoch: u64, echo_at: u64, confirm_at: u64, remaining: u64) {
-    let (t, _) = server(v, echo_at, ServerMsg::LeaseProbe { nonce: 9, epoch: Epoch(epoch) });
+    let (t, _) = server(
+        v,
+        echo_at,
+        ServerMsg::LeaseProbe {
+            nonce: 9,
+            epoch: Epoch(epoch),
+        },
+    );
     assert_eq!(t, vec![ClientMsg::LeaseEcho { nonce: 9 }]);
-    server(v, confirm_at, ServerMsg::LeaseConfirm { nonce: 9, epoch: Epoch(epoch), remaining_ms: remaining });
+    server(
+        v,
+        confirm_at,
+        ServerMsg::LeaseConfirm {
+            nonce: 9,
+            epoch: Epoch(epoch),
+            remaining_ms: remaining,
+        },
+    );
     server(v, confirm_at, host_cap(epoch));
 }
 
@@ -34,7 +49,9 @@ fn host_command(v: &mut HostView, ms: u64) -> Result<IdempotencyKey, CommandErro
 fn older_epoch_is_dropped_newer_is_adopted() {
     let mut v = live("b", "a", 5);
     let (_, ev) = server(&mut v, 20, assign(6, 6, Some("c")));
-    assert!(ev.iter().any(|e| matches!(e, Event::HostChanged { assignment, .. } if assignment.epoch == Epoch(6))));
+    assert!(ev.iter().any(
+        |e| matches!(e, Event::HostChanged { assignment, .. } if assignment.epoch == Epoch(6))
+    ));
     // Epoch 4 on the stream (seq 7) is applied in order but must not move the view back.
     server(&mut v, 21, assign(4, 7, Some("a")));
     assert_eq!(v.epoch(), Some(Epoch(6)));
@@ -53,8 +70,14 @@ fn same_epoch_duplicate_is_harmless_and_conflict_is_a_violation() {
     let conflicting = SignedAssignment::from(assignment(5, 5, Some("c")));
     assert!(!v.handle_peer_assignment(at(21), conflicting));
     let (_, ev) = drain(&mut v);
-    assert!(ev.contains(&Event::ProtocolViolation(Violation::ConflictingAssignment { epoch: Epoch(5) })));
-    assert_eq!(v.assignment().unwrap().host, Some(pid("a")), "the first holder stays");
+    assert!(ev.contains(&Event::ProtocolViolation(
+        Violation::ConflictingAssignment { epoch: Epoch(5) }
+    )));
+    assert_eq!(
+        v.assignment().unwrap().host,
+        Some(pid("a")),
+        "the first holder stays"
+    );
 }
 
 #[test]
@@ -76,7 +99,14 @@ fn phases_connecting_live_offline_resyncing_live() {
     assert_eq!(v.phase(), Phase::Connecting);
     v.handle_connected(at(0), Token::new("jt"));
     let (t, _) = drain(&mut v);
-    assert!(matches!(&t[..], [ClientMsg::Hello { resume: Some(Seq(0)), epoch_seen: None, .. }]));
+    assert!(matches!(
+        &t[..],
+        [ClientMsg::Hello {
+            resume: Some(Seq(0)),
+            epoch_seen: None,
+            ..
+        }]
+    ));
     let snap = snapshot(assignment(1, 1, Some("a")), vec![member("a", 1)], None);
     let (_, ev) = server(&mut v, 5, welcome("b", snap, vec![]));
     assert_eq!(v.phase(), Phase::Live);
@@ -86,7 +116,14 @@ fn phases_connecting_live_offline_resyncing_live() {
     v.handle_connected(at(20), Token::new("jt"));
     let (t, _) = drain(&mut v);
     assert_eq!(v.phase(), Phase::Resyncing);
-    assert!(matches!(&t[..], [ClientMsg::Hello { resume: Some(Seq(1)), epoch_seen: Some(Epoch(1)), .. }]));
+    assert!(matches!(
+        &t[..],
+        [ClientMsg::Hello {
+            resume: Some(Seq(1)),
+            epoch_seen: Some(Epoch(1)),
+            ..
+        }]
+    ));
     let snap = snapshot(assignment(1, 1, Some("a")), vec![member("a", 1)], None);
     server(&mut v, 25, welcome("b", snap, vec![]));
     assert_eq!(v.phase(), Phase::Live);
@@ -94,7 +131,10 @@ fn phases_connecting_live_offline_resyncing_live() {
 
 #[test]
 fn no_history_requested_when_replay_is_off() {
-    let mut v = HostView::new(Config { replay_history: false, ..config() });
+    let mut v = HostView::new(Config {
+        replay_history: false,
+        ..config()
+    });
     v.handle_connected(at(0), Token::new("jt"));
     let (t, _) = drain(&mut v);
     assert!(matches!(&t[..], [ClientMsg::Hello { resume: None, .. }]));
@@ -109,7 +149,11 @@ fn input_before_the_snapshot_is_buffered_and_applied_once_in_order() {
     }
     assert_eq!(v.buffered(), 5);
     let snap = snapshot(assignment(2, 4, Some("a")), vec![member("a", 1)], None);
-    let missed = vec![Item::Event(event(3, 2, "a")), Item::Event(event(1, 1, "a")), Item::Event(event(2, 1, "a"))];
+    let missed = vec![
+        Item::Event(event(3, 2, "a")),
+        Item::Event(event(1, 1, "a")),
+        Item::Event(event(2, 1, "a")),
+    ];
     let (_, ev) = server(&mut v, 2, welcome("b", snap, missed));
     // Replay 1..=3, then the snapshot at 4 (seq 4 is the assignment), then buffered 5, 6, 7.
     assert_eq!(room_events(&ev), vec![1, 2, 3, 5, 6, 7]);
@@ -130,8 +174,19 @@ fn a_gap_while_live_asks_to_resume_and_the_welcome_fills_it() {
     let (t, _) = server(&mut v, 22, ServerMsg::Event(event(7, 2, "a")));
     assert!(t.is_empty());
     let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
-    let snap = Snapshot { seq: Seq(5), ..snap };
-    let (_, ev) = server(&mut v, 23, welcome("b", snap, vec![Item::Event(event(4, 2, "a")), Item::Event(event(5, 2, "a"))]));
+    let snap = Snapshot {
+        seq: Seq(5),
+        ..snap
+    };
+    let (_, ev) = server(
+        &mut v,
+        23,
+        welcome(
+            "b",
+            snap,
+            vec![Item::Event(event(4, 2, "a")), Item::Event(event(5, 2, "a"))],
+        ),
+    );
     // 4 and 5 from the replay; 7 stays buffered behind the gap at 6, so it asks again.
     assert_eq!(room_events(&ev), vec![4, 5]);
     assert_eq!(v.phase(), Phase::Resyncing);
@@ -139,8 +194,15 @@ fn a_gap_while_live_asks_to_resume_and_the_welcome_fills_it() {
     assert!(t.is_empty());
     let (_, ev) = server(&mut v, 24, ServerMsg::Event(event(6, 2, "a")));
     assert!(room_events(&ev).is_empty(), "still resyncing, buffered");
-    let snap = Snapshot { seq: Seq(6), ..snapshot(assignment(2, 2, Some("a")), vec![], None) };
-    let (_, ev) = server(&mut v, 25, welcome("b", snap, vec![Item::Event(event(6, 2, "a"))]));
+    let snap = Snapshot {
+        seq: Seq(6),
+        ..snapshot(assignment(2, 2, Some("a")), vec![], None)
+    };
+    let (_, ev) = server(
+        &mut v,
+        25,
+        welcome("b", snap, vec![Item::Event(event(6, 2, "a"))]),
+    );
     assert_eq!(room_events(&ev), vec![6, 7]);
     assert_eq!(v.phase(), Phase::Live);
 }
@@ -151,16 +213,28 @@ fn a_gap_the_server_cannot_fill_becomes_a_discontinuity() {
     v.handle_disconnected(at(20));
     v.handle_connected(at(30), Token::new("jt"));
     drain(&mut v);
-    let snap = Snapshot { seq: Seq(10), ..snapshot(assignment(2, 2, Some("a")), vec![], None) };
+    let snap = Snapshot {
+        seq: Seq(10),
+        ..snapshot(assignment(2, 2, Some("a")), vec![], None)
+    };
     let msg = ServerMsg::Welcome {
         you: pid("b"),
         session: sid("b-s"),
         snapshot: snap,
-        missed: vec![Item::Event(event(9, 2, "a")), Item::Event(event(10, 2, "a"))],
-        discontinuity: Some(Gap { from: Seq(3), to: Seq(8) }),
+        missed: vec![
+            Item::Event(event(9, 2, "a")),
+            Item::Event(event(10, 2, "a")),
+        ],
+        discontinuity: Some(Gap {
+            from: Seq(3),
+            to: Seq(8),
+        }),
     };
     let (_, ev) = server(&mut v, 31, msg);
-    assert!(ev.contains(&Event::Discontinuity(Gap { from: Seq(3), to: Seq(8) })));
+    assert!(ev.contains(&Event::Discontinuity(Gap {
+        from: Seq(3),
+        to: Seq(8)
+    })));
     assert_eq!(room_events(&ev), vec![9, 10]);
 }
 
@@ -170,16 +244,32 @@ fn an_unannounced_hole_in_the_replay_is_reported_not_hidden() {
     v.handle_disconnected(at(20));
     v.handle_connected(at(30), Token::new("jt"));
     drain(&mut v);
-    let snap = Snapshot { seq: Seq(6), ..snapshot(assignment(2, 2, Some("a")), vec![], None) };
-    let (_, ev) = server(&mut v, 31, welcome("b", snap, vec![Item::Event(event(5, 2, "a"))]));
-    assert!(ev.contains(&Event::Discontinuity(Gap { from: Seq(3), to: Seq(4) })));
-    assert!(ev.contains(&Event::Discontinuity(Gap { from: Seq(6), to: Seq(6) })));
+    let snap = Snapshot {
+        seq: Seq(6),
+        ..snapshot(assignment(2, 2, Some("a")), vec![], None)
+    };
+    let (_, ev) = server(
+        &mut v,
+        31,
+        welcome("b", snap, vec![Item::Event(event(5, 2, "a"))]),
+    );
+    assert!(ev.contains(&Event::Discontinuity(Gap {
+        from: Seq(3),
+        to: Seq(4)
+    })));
+    assert!(ev.contains(&Event::Discontinuity(Gap {
+        from: Seq(6),
+        to: Seq(6)
+    })));
     assert_eq!(room_events(&ev), vec![5]);
 }
 
 #[test]
 fn buffer_overflow_drops_the_buffer_and_forces_a_new_resync() {
-    let mut v = HostView::new(Config { buffer_limit: 4, ..config() });
+    let mut v = HostView::new(Config {
+        buffer_limit: 4,
+        ..config()
+    });
     v.handle_connected(at(0), Token::new("jt"));
     drain(&mut v);
     for seq in 2..=6 {
@@ -194,8 +284,18 @@ fn buffer_overflow_drops_the_buffer_and_forces_a_new_resync() {
 #[test]
 fn a_standalone_discontinuity_moves_the_cursor() {
     let mut v = live("b", "a", 2);
-    let (_, ev) = server(&mut v, 20, ServerMsg::Discontinuity(Gap { from: Seq(3), to: Seq(5) }));
-    assert!(ev.contains(&Event::Discontinuity(Gap { from: Seq(3), to: Seq(5) })));
+    let (_, ev) = server(
+        &mut v,
+        20,
+        ServerMsg::Discontinuity(Gap {
+            from: Seq(3),
+            to: Seq(5),
+        }),
+    );
+    assert!(ev.contains(&Event::Discontinuity(Gap {
+        from: Seq(3),
+        to: Seq(5)
+    })));
     let (_, ev) = server(&mut v, 21, ServerMsg::Event(event(6, 2, "a")));
     assert_eq!(room_events(&ev), vec![6]);
 }
@@ -256,9 +356,32 @@ fn the_local_lease_is_anchored_at_the_echo_send_time() {
 #[test]
 fn a_confirmation_for_another_nonce_or_epoch_is_ignored() {
     let mut v = live("a", "a", 2);
-    server(&mut v, 100, ServerMsg::LeaseProbe { nonce: 1, epoch: Epoch(2) });
-    server(&mut v, 110, ServerMsg::LeaseConfirm { nonce: 2, epoch: Epoch(2), remaining_ms: 9000 });
-    server(&mut v, 110, ServerMsg::LeaseConfirm { nonce: 1, epoch: Epoch(1), remaining_ms: 9000 });
+    server(
+        &mut v,
+        100,
+        ServerMsg::LeaseProbe {
+            nonce: 1,
+            epoch: Epoch(2),
+        },
+    );
+    server(
+        &mut v,
+        110,
+        ServerMsg::LeaseConfirm {
+            nonce: 2,
+            epoch: Epoch(2),
+            remaining_ms: 9000,
+        },
+    );
+    server(
+        &mut v,
+        110,
+        ServerMsg::LeaseConfirm {
+            nonce: 1,
+            epoch: Epoch(1),
+            remaining_ms: 9000,
+        },
+    );
     // Only the snapshot's lease (anchored at the hello at t=0) holds: 0 + 2970 − 250.
     assert_eq!(v.lease(), LeaseState::Held { deadline: at(2720) });
 }
@@ -285,11 +408,23 @@ fn wake_from_sleep_makes_the_lease_unknown_and_resyncs() {
     assert_eq!(v.lease(), LeaseState::Unknown);
     assert!(ev.contains(&Event::Lease(LeaseState::Unknown)));
     assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
-    assert_eq!(host_command(&mut v, 251), Err(CommandError::NotAuthoritative));
+    assert_eq!(
+        host_command(&mut v, 251),
+        Err(CommandError::NotAuthoritative)
+    );
     // The next snapshot sets the lease again, anchored at the resume's send time (250).
-    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], Some(2000));
+    let snap = snapshot(
+        assignment(2, 2, Some("a")),
+        vec![member("a", 1)],
+        Some(2000),
+    );
     server(&mut v, 300, welcome("a", snap, vec![]));
-    assert_eq!(v.lease(), LeaseState::Held { deadline: at(250 + 1980 - 250) });
+    assert_eq!(
+        v.lease(),
+        LeaseState::Held {
+            deadline: at(250 + 1980 - 250)
+        }
+    );
 }
 
 #[test]
@@ -308,7 +443,9 @@ fn resign_relinquishes_at_once() {
     confirm_lease(&mut v, 2, 100, 110, 3000);
     v.resign(at(200)).unwrap();
     let (t, _) = drain(&mut v);
-    assert!(matches!(&t[..], [ClientMsg::Command { action, epoch: Some(Epoch(2)), .. }] if action.as_str() == ACTION_RESIGN));
+    assert!(
+        matches!(&t[..], [ClientMsg::Command { action, epoch: Some(Epoch(2)), .. }] if action.as_str() == ACTION_RESIGN)
+    );
     assert_eq!(v.lease(), LeaseState::Relinquished);
     assert_eq!(host_command(&mut v, 201), Err(CommandError::NotHost));
 }
@@ -319,7 +456,9 @@ fn transfer_names_the_target() {
     confirm_lease(&mut v, 2, 100, 110, 3000);
     v.transfer(at(200), &pid("c")).unwrap();
     let (t, _) = drain(&mut v);
-    assert!(matches!(&t[..], [ClientMsg::Command { payload, .. }] if payload == &json!({"to": "c"})));
+    assert!(
+        matches!(&t[..], [ClientMsg::Command { payload, .. }] if payload == &json!({"to": "c"}))
+    );
     assert!(!v.has_authority(at(201)));
 }
 
@@ -332,8 +471,13 @@ fn provisional_is_the_last_host_if_reachable() {
     v.handle_disconnected(at(20));
     let (_, ev) = drain(&mut v);
     assert_eq!(v.provisional(), Some(&pid("b")));
-    assert!(ev.contains(&Event::Provisional { coordinator: Some(pid("b")) }));
-    assert_eq!(host_command(&mut v, 21), Err(CommandError::NotAuthoritative));
+    assert!(ev.contains(&Event::Provisional {
+        coordinator: Some(pid("b"))
+    }));
+    assert_eq!(
+        host_command(&mut v, 21),
+        Err(CommandError::NotAuthoritative)
+    );
 }
 
 #[test]
@@ -370,13 +514,27 @@ fn provisional_follows_a_relayed_newer_assignment() {
 fn host_command_gating_reports_typed_errors() {
     let mut v = live("b", "a", 2);
     assert_eq!(host_command(&mut v, 20), Err(CommandError::NotHost));
-    assert_eq!(v.command(at(20), action("nope"), json!(null), None), Err(CommandError::UnknownAction));
+    assert_eq!(
+        v.command(at(20), action("nope"), json!(null), None),
+        Err(CommandError::UnknownAction)
+    );
     // Named host, lease confirmed, but no token for this epoch.
     let mut v = live("a", "a", 2);
-    server(&mut v, 50, ServerMsg::LeaseProbe { nonce: 1, epoch: Epoch(2) });
+    server(
+        &mut v,
+        50,
+        ServerMsg::LeaseProbe {
+            nonce: 1,
+            epoch: Epoch(2),
+        },
+    );
     let mut w = HostView::new(config());
     w.handle_connected(at(0), Token::new("jt"));
-    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], Some(3000));
+    let snap = snapshot(
+        assignment(2, 2, Some("a")),
+        vec![member("a", 1)],
+        Some(3000),
+    );
     w.handle_server(at(1), welcome("a", snap, vec![]));
     drain(&mut w);
     assert_eq!(host_command(&mut w, 2), Err(CommandError::NoCapability));
@@ -387,8 +545,11 @@ fn host_command_gating_reports_typed_errors() {
     assert!(host_command(&mut w, 6).is_ok());
     // A token that does not grant the action.
     let cap = ServerMsg::Capability {
-        role: Role::Host, token: Token::new("t"), epoch: Some(Epoch(2)),
-        actions: vec![action("poll.close")], expires_in_ms: 3000,
+        role: Role::Host,
+        token: Token::new("t"),
+        epoch: Some(Epoch(2)),
+        actions: vec![action("poll.close")],
+        expires_in_ms: 3000,
     };
     w.handle_server(at(7), cap);
     assert_eq!(host_command(&mut w, 8), Err(CommandError::NoCapability));
@@ -403,7 +564,12 @@ fn host_commands_carry_the_token_epoch_and_a_fresh_key() {
     assert_ne!(k1, k2);
     let (t, _) = drain(&mut v);
     match &t[0] {
-        ClientMsg::Command { id, epoch, capability, .. } => {
+        ClientMsg::Command {
+            id,
+            epoch,
+            capability,
+            ..
+        } => {
             assert_eq!(id, &k1);
             assert_eq!(*epoch, Some(Epoch(2)));
             assert_eq!(capability.expose(), "host-token-2");
@@ -417,8 +583,13 @@ fn participant_commands_made_offline_are_queued_and_sent_after_resync_host_comma
     let mut v = live("a", "a", 2);
     v.handle_disconnected(at(20));
     drain(&mut v);
-    let key = v.command(at(21), action("vote"), json!({"o": 1}), None).unwrap();
-    assert_eq!(host_command(&mut v, 21), Err(CommandError::NotAuthoritative));
+    let key = v
+        .command(at(21), action("vote"), json!({"o": 1}), None)
+        .unwrap();
+    assert_eq!(
+        host_command(&mut v, 21),
+        Err(CommandError::NotAuthoritative)
+    );
     let (t, ev) = drain(&mut v);
     assert!(t.is_empty());
     assert!(ev.contains(&Event::CommandQueued { id: key.clone() }));
@@ -432,8 +603,18 @@ fn participant_commands_made_offline_are_queued_and_sent_after_resync_host_comma
     v.handle_server(at(31), participant_cap());
     let (t, _) = drain(&mut v);
     assert!(matches!(&t[..], [ClientMsg::Command { id, epoch: None, .. }] if id == &key));
-    let (_, ev) = server(&mut v, 32, ServerMsg::CommandResult { id: key.clone(), outcome: Outcome::Accepted { seq: Seq(4) } });
-    assert!(ev.contains(&Event::CommandAccepted { id: key, seq: Seq(4) }));
+    let (_, ev) = server(
+        &mut v,
+        32,
+        ServerMsg::CommandResult {
+            id: key.clone(),
+            outcome: Outcome::Accepted { seq: Seq(4) },
+        },
+    );
+    assert!(ev.contains(&Event::CommandAccepted {
+        id: key,
+        seq: Seq(4)
+    }));
     assert_eq!(v.pending().count(), 0);
 }
 
@@ -443,7 +624,10 @@ fn a_host_command_in_flight_dies_with_its_epoch() {
     let key = host_command(&mut v, 20).unwrap();
     drain(&mut v);
     let (_, ev) = server(&mut v, 21, assign(3, 3, Some("b")));
-    assert!(ev.contains(&Event::CommandFailed { id: key.clone(), error: CommandError::StaleEpoch }));
+    assert!(ev.contains(&Event::CommandFailed {
+        id: key.clone(),
+        error: CommandError::StaleEpoch
+    }));
     // Its timer never resends it.
     v.handle_timeout(at(60_000));
     let (t, _) = drain(&mut v);
@@ -460,8 +644,18 @@ fn a_stale_epoch_rejection_adopts_the_current_assignment_and_resyncs() {
         current: Some(assignment(4, 5, Some("c")).into()),
         retry_after_ms: None,
     };
-    let (t, ev) = server(&mut v, 21, ServerMsg::CommandResult { id: key.clone(), outcome });
-    assert!(ev.contains(&Event::CommandFailed { id: key, error: CommandError::StaleEpoch }));
+    let (t, ev) = server(
+        &mut v,
+        21,
+        ServerMsg::CommandResult {
+            id: key.clone(),
+            outcome,
+        },
+    );
+    assert!(ev.contains(&Event::CommandFailed {
+        id: key,
+        error: CommandError::StaleEpoch
+    }));
     assert_eq!(v.epoch(), Some(Epoch(4)));
     assert!(!v.has_authority(at(22)));
     assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
@@ -470,9 +664,19 @@ fn a_stale_epoch_rejection_adopts_the_current_assignment_and_resyncs() {
 
 #[test]
 fn unanswered_commands_are_resent_with_the_same_key_then_time_out() {
-    let mut v = HostView::new(Config { max_attempts: 3, ..config() });
+    let mut v = HostView::new(Config {
+        max_attempts: 3,
+        ..config()
+    });
     v.handle_connected(at(0), Token::new("jt"));
-    v.handle_server(at(1), welcome("b", snapshot(assignment(1, 1, Some("a")), vec![], None), vec![]));
+    v.handle_server(
+        at(1),
+        welcome(
+            "b",
+            snapshot(assignment(1, 1, Some("a")), vec![], None),
+            vec![],
+        ),
+    );
     v.handle_server(at(1), participant_cap());
     drain(&mut v);
     let key = v.command(at(2), action("vote"), json!(1), None).unwrap();
@@ -484,7 +688,10 @@ fn unanswered_commands_are_resent_with_the_same_key_then_time_out() {
             assert!(matches!(m, ClientMsg::Command { id, .. } if id == &key));
             sent += 1;
         }
-        if ev.contains(&Event::CommandFailed { id: key.clone(), error: CommandError::Timeout }) {
+        if ev.contains(&Event::CommandFailed {
+            id: key.clone(),
+            error: CommandError::Timeout,
+        }) {
             break;
         }
         let Some(next) = v.poll_timeout() else { break };
@@ -500,8 +707,19 @@ fn rate_limited_commands_wait_at_least_retry_after() {
     let mut v = live("b", "a", 2);
     let key = v.command(at(20), action("vote"), json!(1), None).unwrap();
     drain(&mut v);
-    let outcome = Outcome::Rejected { code: RejectCode::RateLimited, current: None, retry_after_ms: Some(60_000) };
-    server(&mut v, 30, ServerMsg::CommandResult { id: key.clone(), outcome });
+    let outcome = Outcome::Rejected {
+        code: RejectCode::RateLimited,
+        current: None,
+        retry_after_ms: Some(60_000),
+    };
+    server(
+        &mut v,
+        30,
+        ServerMsg::CommandResult {
+            id: key.clone(),
+            outcome,
+        },
+    );
     assert!(v.poll_timeout().unwrap() >= at(60_030));
     v.handle_timeout(at(60_029));
     assert!(drain(&mut v).0.is_empty());
@@ -514,14 +732,29 @@ fn rate_limited_commands_wait_at_least_retry_after() {
 fn idempotency_conflict_is_reported() {
     let mut v = live("b", "a", 2);
     let key = IdempotencyKey::new("my-key").unwrap();
-    v.command(at(20), action("vote"), json!(1), Some(key.clone())).unwrap();
+    v.command(at(20), action("vote"), json!(1), Some(key.clone()))
+        .unwrap();
     assert_eq!(
         v.command(at(21), action("vote"), json!(2), Some(key.clone())),
         Err(CommandError::IdempotencyConflict)
     );
-    let outcome = Outcome::Rejected { code: RejectCode::IdempotencyConflict, current: None, retry_after_ms: None };
-    let (_, ev) = server(&mut v, 22, ServerMsg::CommandResult { id: key.clone(), outcome });
-    assert!(ev.contains(&Event::CommandFailed { id: key, error: CommandError::IdempotencyConflict }));
+    let outcome = Outcome::Rejected {
+        code: RejectCode::IdempotencyConflict,
+        current: None,
+        retry_after_ms: None,
+    };
+    let (_, ev) = server(
+        &mut v,
+        22,
+        ServerMsg::CommandResult {
+            id: key.clone(),
+            outcome,
+        },
+    );
+    assert!(ev.contains(&Event::CommandFailed {
+        id: key,
+        error: CommandError::IdempotencyConflict
+    }));
 }
 
 #[test]
@@ -533,14 +766,22 @@ fn a_host_command_interrupted_by_a_disconnect_is_not_replayed_in_a_new_session()
     v.handle_connected(at(30), Token::new("jt"));
     // Same epoch still names the old session a-s; this connection is a-s2.
     let msg = ServerMsg::Welcome {
-        you: pid("a"), session: sid("a-s2"),
+        you: pid("a"),
+        session: sid("a-s2"),
         snapshot: snapshot(assignment(2, 2, Some("a")), vec![], None),
-        missed: vec![], discontinuity: None,
+        missed: vec![],
+        discontinuity: None,
     };
     v.handle_server(at(31), msg);
     let (t, ev) = drain(&mut v);
-    assert!(!t.iter().any(|m| matches!(m, ClientMsg::Command { .. })), "{t:?}");
-    assert!(ev.contains(&Event::CommandFailed { id: key, error: CommandError::Interrupted }));
+    assert!(
+        !t.iter().any(|m| matches!(m, ClientMsg::Command { .. })),
+        "{t:?}"
+    );
+    assert!(ev.contains(&Event::CommandFailed {
+        id: key,
+        error: CommandError::Interrupted
+    }));
 }
 
 #[test]
@@ -550,26 +791,52 @@ fn leave_fails_pending_commands_and_closes() {
     v.leave(at(21));
     let (t, ev) = drain(&mut v);
     assert_eq!(t.last(), Some(&ClientMsg::Leave));
-    assert!(ev.contains(&Event::CommandFailed { id: key, error: CommandError::Closed }));
+    assert!(ev.contains(&Event::CommandFailed {
+        id: key,
+        error: CommandError::Closed
+    }));
     assert_eq!(v.phase(), Phase::Closed);
-    assert_eq!(v.command(at(22), action("vote"), json!(1), None), Err(CommandError::Closed));
+    assert_eq!(
+        v.command(at(22), action("vote"), json!(1), None),
+        Err(CommandError::Closed)
+    );
 }
 
 #[test]
 fn the_command_limit_is_enforced() {
-    let mut v = HostView::new(Config { command_limit: 2, ..config() });
+    let mut v = HostView::new(Config {
+        command_limit: 2,
+        ..config()
+    });
     v.command(at(0), action("vote"), json!(1), None).unwrap();
     v.command(at(0), action("vote"), json!(2), None).unwrap();
-    assert_eq!(v.command(at(0), action("vote"), json!(3), None), Err(CommandError::QueueFull));
+    assert_eq!(
+        v.command(at(0), action("vote"), json!(3), None),
+        Err(CommandError::QueueFull)
+    );
 }
 
 #[test]
 fn presence_updates_members_in_election_order() {
     let mut v = live("b", "a", 2);
-    server(&mut v, 20, ServerMsg::Presence { member: member("z", 0), online: true });
+    server(
+        &mut v,
+        20,
+        ServerMsg::Presence {
+            member: member("z", 0),
+            online: true,
+        },
+    );
     let ids: Vec<&str> = v.members().iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["z", "a", "b", "c"]);
-    server(&mut v, 21, ServerMsg::Presence { member: member("a", 1), online: false });
+    server(
+        &mut v,
+        21,
+        ServerMsg::Presence {
+            member: member("a", 1),
+            online: false,
+        },
+    );
     let ids: Vec<&str> = v.members().iter().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["z", "b", "c"]);
 }
@@ -577,10 +844,18 @@ fn presence_updates_members_in_election_order() {
 #[test]
 fn every_error_has_a_stable_code() {
     let all = [
-        CommandError::NotHost, CommandError::NotAuthoritative, CommandError::LeaseExpired,
-        CommandError::NoCapability, CommandError::StaleEpoch, CommandError::IdempotencyConflict,
-        CommandError::UnknownAction, CommandError::QueueFull, CommandError::Timeout,
-        CommandError::Interrupted, CommandError::Closed, CommandError::Rejected(RejectCode::BadRequest),
+        CommandError::NotHost,
+        CommandError::NotAuthoritative,
+        CommandError::LeaseExpired,
+        CommandError::NoCapability,
+        CommandError::StaleEpoch,
+        CommandError::IdempotencyConflict,
+        CommandError::UnknownAction,
+        CommandError::QueueFull,
+        CommandError::Timeout,
+        CommandError::Interrupted,
+        CommandError::Closed,
+        CommandError::Rejected(RejectCode::BadRequest),
     ];
     let codes: std::collections::BTreeSet<_> = all.iter().map(|e| e.code()).collect();
     assert_eq!(codes.len(), all.len());
@@ -602,7 +877,10 @@ fn election_is_by_join_seq_then_id_and_skips_the_ineligible() {
 
 #[test]
 fn backoff_is_capped_full_jitter_and_honours_retry_after() {
-    let b = Backoff { base_ms: 100, cap_ms: 1000 };
+    let b = Backoff {
+        base_ms: 100,
+        cap_ms: 1000,
+    };
     assert_eq!(b.ceiling_ms(0), 100);
     assert_eq!(b.ceiling_ms(3), 800);
     assert_eq!(b.ceiling_ms(4), 1000);
@@ -610,7 +888,10 @@ fn backoff_is_capped_full_jitter_and_honours_retry_after() {
     let mut rng = SplitMix64::new(7);
     let delays: Vec<u64> = (0..2000).map(|_| b.delay_ms(10, &mut rng)).collect();
     assert!(delays.iter().all(|d| *d <= 1000));
-    assert!(delays.iter().any(|d| *d < 100) && delays.iter().any(|d| *d > 900), "full jitter spans the range");
+    assert!(
+        delays.iter().any(|d| *d < 100) && delays.iter().any(|d| *d > 900),
+        "full jitter spans the range"
+    );
     for _ in 0..100 {
         assert!(b.retry_delay_ms(0, Some(5000), &mut rng) >= 5000);
     }

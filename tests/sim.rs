@@ -12,6 +12,12 @@
 //! `HOSTLEASE_SIM_SCHEDULES` sets how many schedules run (`cargo xtask test` runs 10,000);
 //! `HOSTLEASE_SIM_SEED=<seed>` replays one schedule; a failure prints its seed.
 
+#![allow(
+    clippy::too_many_arguments,
+    clippy::large_enum_variant,
+    clippy::collapsible_match
+)]
+
 mod common;
 
 use std::cmp::Reverse;
@@ -50,11 +56,25 @@ struct Faults {
 
 #[derive(Debug)]
 enum Packet {
-    ToClient { client: usize, conn: u64, msg: ServerMsg },
-    ToServer { client: usize, conn: u64, msg: ClientMsg },
-    Peer { to: usize, signed: SignedAssignment },
+    ToClient {
+        client: usize,
+        conn: u64,
+        msg: ServerMsg,
+    },
+    ToServer {
+        client: usize,
+        conn: u64,
+        msg: ClientMsg,
+    },
+    Peer {
+        to: usize,
+        signed: SignedAssignment,
+    },
     /// The server notices a dead connection (its TCP close or a ping timeout).
-    ServerSeesClose { client: usize, conn: u64 },
+    ServerSeesClose {
+        client: usize,
+        conn: u64,
+    },
 }
 
 #[derive(Default)]
@@ -123,7 +143,13 @@ struct Model {
 }
 
 fn state_key(m: &Model) -> (Epoch, Seq, Option<SessionId>, u64, usize) {
-    (m.epoch, m.seq, m.current.session.clone(), m.lease_expires, m.log.len())
+    (
+        m.epoch,
+        m.seq,
+        m.current.session.clone(),
+        m.lease_expires,
+        m.log.len(),
+    )
 }
 
 impl Model {
@@ -174,7 +200,8 @@ impl Model {
     }
 
     fn broadcast(&mut self, msg: &ServerMsg) {
-        let targets: Vec<(usize, u64)> = self.sessions.values().map(|s| (s.client, s.conn)).collect();
+        let targets: Vec<(usize, u64)> =
+            self.sessions.values().map(|s| (s.client, s.conn)).collect();
         for (c, conn) in targets {
             self.out.push((c, conn, msg.clone()));
         }
@@ -187,7 +214,8 @@ impl Model {
             current: self.current.clone().into(),
             members: self.members.clone(),
             seq: self.seq,
-            lease_remaining_ms: (is_host && self.lease_expires > now).then(|| self.lease_expires - now),
+            lease_remaining_ms: (is_host && self.lease_expires > now)
+                .then(|| self.lease_expires - now),
             server_time: ServerTime(now),
             actions: Self::table(),
         }
@@ -200,13 +228,35 @@ impl Model {
         };
         let pid = self.sessions[sid].pid.clone();
         let snapshot = self.snapshot(sid, now);
-        self.send(sid, ServerMsg::Welcome { you: pid.clone(), session: sid.clone(), snapshot, missed, discontinuity: None });
+        self.send(
+            sid,
+            ServerMsg::Welcome {
+                you: pid.clone(),
+                session: sid.clone(),
+                snapshot,
+                missed,
+                discontinuity: None,
+            },
+        );
         // Every welcome is followed by a fresh participant token.
         let token = self.issue(Claims {
-            sub: pid, sid: sid.clone(), role: Role::Participant, epoch: None,
-            exp: now + 3_600_000, actions: vec![action("vote")],
+            sub: pid,
+            sid: sid.clone(),
+            role: Role::Participant,
+            epoch: None,
+            exp: now + 3_600_000,
+            actions: vec![action("vote")],
         });
-        self.send(sid, ServerMsg::Capability { role: Role::Participant, token, epoch: None, actions: vec![action("vote")], expires_in_ms: 3_600_000 });
+        self.send(
+            sid,
+            ServerMsg::Capability {
+                role: Role::Participant,
+                token,
+                epoch: None,
+                actions: vec![action("vote")],
+                expires_in_ms: 3_600_000,
+            },
+        );
     }
 
     fn issue(&mut self, claims: Claims) -> Token {
@@ -215,15 +265,38 @@ impl Model {
         Token::new(t)
     }
 
-    fn hello(&mut self, client: usize, conn: u64, pid: ParticipantId, resume: Option<Seq>, now: u64) {
+    fn hello(
+        &mut self,
+        client: usize,
+        conn: u64,
+        pid: ParticipantId,
+        resume: Option<Seq>,
+        now: u64,
+    ) {
         let sid = SessionId::new(format!("{pid}-c{conn}")).unwrap();
         self.join_seq += 1;
-        let member = Member { id: pid.clone(), session: sid.clone(), name: String::new(), join_seq: self.join_seq, may_host: true };
-        self.sessions.insert(sid.clone(), Session { client, conn, pid: pid.clone() });
+        let member = Member {
+            id: pid.clone(),
+            session: sid.clone(),
+            name: String::new(),
+            join_seq: self.join_seq,
+            may_host: true,
+        };
+        self.sessions.insert(
+            sid.clone(),
+            Session {
+                client,
+                conn,
+                pid: pid.clone(),
+            },
+        );
         self.members.push(member.clone());
         sort_members(&mut self.members);
         self.welcome(&sid, resume, now);
-        self.broadcast(&ServerMsg::Presence { member, online: true });
+        self.broadcast(&ServerMsg::Presence {
+            member,
+            online: true,
+        });
         self.elect(now, None, Reason::Elected);
     }
 
@@ -233,7 +306,10 @@ impl Model {
         }
         let i = self.members.iter().position(|m| &m.session == sid).unwrap();
         let member = self.members.remove(i);
-        self.broadcast(&ServerMsg::Presence { member, online: false });
+        self.broadcast(&ServerMsg::Presence {
+            member,
+            online: false,
+        });
         if explicit && self.current.session.as_ref() == Some(sid) {
             self.grant(now, None, Reason::Left);
         }
@@ -245,7 +321,11 @@ impl Model {
         if live {
             return;
         }
-        let reason = if self.current.host.is_some() { Reason::LeaseLapsed } else { reason };
+        let reason = if self.current.host.is_some() {
+            Reason::LeaseLapsed
+        } else {
+            reason
+        };
         self.grant(now, exclude, reason);
     }
 
@@ -288,7 +368,13 @@ impl Model {
             self.nonces.remove(0);
         }
         self.last_probe = now;
-        self.send(sid, ServerMsg::LeaseProbe { nonce, epoch: self.epoch });
+        self.send(
+            sid,
+            ServerMsg::LeaseProbe {
+                nonce,
+                epoch: self.epoch,
+            },
+        );
     }
 
     fn tick(&mut self, now: u64) {
@@ -303,27 +389,65 @@ impl Model {
     }
 
     fn echo(&mut self, sid: &SessionId, nonce: u64, now: u64) {
-        if self.current.session.as_ref() != Some(sid) || !self.nonces.contains(&nonce) || self.lease_expires <= now {
+        if self.current.session.as_ref() != Some(sid)
+            || !self.nonces.contains(&nonce)
+            || self.lease_expires <= now
+        {
             return;
         }
         self.lease_expires = now + self.ttl;
-        self.send(sid, ServerMsg::LeaseConfirm { nonce, epoch: self.epoch, remaining_ms: self.ttl });
+        self.send(
+            sid,
+            ServerMsg::LeaseConfirm {
+                nonce,
+                epoch: self.epoch,
+                remaining_ms: self.ttl,
+            },
+        );
         let claims = Claims {
-            sub: self.current.host.clone().unwrap(), sid: sid.clone(), role: Role::Host,
-            epoch: Some(self.epoch), exp: self.lease_expires,
-            actions: vec![action("poll.open"), action(ACTION_RESIGN), action(ACTION_TRANSFER)],
+            sub: self.current.host.clone().unwrap(),
+            sid: sid.clone(),
+            role: Role::Host,
+            epoch: Some(self.epoch),
+            exp: self.lease_expires,
+            actions: vec![
+                action("poll.open"),
+                action(ACTION_RESIGN),
+                action(ACTION_TRANSFER),
+            ],
         };
         let actions = claims.actions.clone();
         let token = self.issue(claims);
-        self.send(sid, ServerMsg::Capability { role: Role::Host, token, epoch: Some(self.epoch), actions, expires_in_ms: self.ttl });
+        self.send(
+            sid,
+            ServerMsg::Capability {
+                role: Role::Host,
+                token,
+                epoch: Some(self.epoch),
+                actions,
+                expires_in_ms: self.ttl,
+            },
+        );
     }
 
     fn reject(&self, code: RejectCode) -> Outcome {
-        Outcome::Rejected { code, current: Some(self.current.clone().into()), retry_after_ms: None }
+        Outcome::Rejected {
+            code,
+            current: Some(self.current.clone().into()),
+            retry_after_ms: None,
+        }
     }
 
     /// Every check of DESIGN.md "Capability tokens", then the effect, atomically.
-    fn check_and_apply(&mut self, sid: &SessionId, action: &Action, payload: &serde_json::Value, epoch: Option<Epoch>, cap: &Token, now: u64) -> Outcome {
+    fn check_and_apply(
+        &mut self,
+        sid: &SessionId,
+        action: &Action,
+        payload: &serde_json::Value,
+        epoch: Option<Epoch>,
+        cap: &Token,
+        now: u64,
+    ) -> Outcome {
         let sender = self.sessions[sid].pid.clone();
         let Some(claims) = self.tokens.get(cap.expose()).cloned() else {
             return self.reject(RejectCode::BadCapability);
@@ -342,7 +466,9 @@ impl Model {
             if claims.epoch != Some(self.epoch) || epoch != Some(self.epoch) {
                 return self.reject(RejectCode::StaleEpoch);
             }
-            if self.current.session.as_ref() != Some(sid) || self.current.host.as_ref() != Some(&sender) {
+            if self.current.session.as_ref() != Some(sid)
+                || self.current.host.as_ref() != Some(&sender)
+            {
                 return self.reject(RejectCode::NotHost);
             }
             if self.lease_expires <= now {
@@ -351,19 +477,37 @@ impl Model {
         }
         // Effect.
         self.seq = self.seq.next();
-        let ev = RoomEvent { seq: self.seq, epoch: self.epoch, actor: sender, action: action.clone(), payload: payload.clone(), at: ServerTime(now) };
+        let ev = RoomEvent {
+            seq: self.seq,
+            epoch: self.epoch,
+            actor: sender,
+            action: action.clone(),
+            payload: payload.clone(),
+            at: ServerTime(now),
+        };
         self.log.push(Item::Event(ev.clone()));
         self.broadcast(&ServerMsg::Event(ev));
         let seq = self.seq;
         if host_action {
-            let holder = self.host_of_epoch.entry(self.epoch).or_insert_with(|| sid.clone());
-            assert_eq!(holder, sid, "two sessions' host commands accepted in one epoch");
+            let holder = self
+                .host_of_epoch
+                .entry(self.epoch)
+                .or_insert_with(|| sid.clone());
+            assert_eq!(
+                holder, sid,
+                "two sessions' host commands accepted in one epoch"
+            );
             self.accepted_host += 1;
             match action.as_str() {
                 ACTION_RESIGN => self.grant(now, Some(&sid.clone()), Reason::Resigned),
                 ACTION_TRANSFER => {
-                    let to = payload["to"].as_str().and_then(|s| ParticipantId::new(s).ok());
-                    let target = self.members.iter().find(|m| Some(&m.id) == to.as_ref() && &m.session != sid)
+                    let to = payload["to"]
+                        .as_str()
+                        .and_then(|s| ParticipantId::new(s).ok());
+                    let target = self
+                        .members
+                        .iter()
+                        .find(|m| Some(&m.id) == to.as_ref() && &m.session != sid)
                         .map(|m| (m.id.clone(), m.session.clone()));
                     match target {
                         Some(t) => self.grant_to(now, Some(t), Reason::Transferred),
@@ -376,7 +520,16 @@ impl Model {
         Outcome::Accepted { seq }
     }
 
-    fn command(&mut self, sid: &SessionId, id: IdempotencyKey, action: Action, payload: serde_json::Value, epoch: Option<Epoch>, cap: Token, now: u64) {
+    fn command(
+        &mut self,
+        sid: &SessionId,
+        id: IdempotencyKey,
+        action: Action,
+        payload: serde_json::Value,
+        epoch: Option<Epoch>,
+        cap: Token,
+        now: u64,
+    ) {
         let sender = self.sessions[sid].pid.clone();
         let hash = format!("{action}|{payload}|{epoch:?}");
         let key = (sender, id.clone());
@@ -415,9 +568,13 @@ impl Model {
             ClientMsg::Resume { cursor } => self.welcome(&sid, Some(cursor), now),
             ClientMsg::LeaseEcho { nonce } => self.echo(&sid, nonce, now),
             ClientMsg::Leave => self.close(&sid, now, true),
-            ClientMsg::Command { id, action, payload, epoch, capability } => {
-                self.command(&sid, id, action, payload, epoch, capability, now)
-            }
+            ClientMsg::Command {
+                id,
+                action,
+                payload,
+                epoch,
+                capability,
+            } => self.command(&sid, id, action, payload, epoch, capability, now),
             _ => {}
         }
     }
@@ -483,7 +640,10 @@ impl Sim {
                     command_timeout_ms: ttl,
                     seed: seed ^ (i as u64 + 1).wrapping_mul(0x9E37),
                     buffer_limit: 64,
-                    retry: Backoff { base_ms: 20, cap_ms: 500 },
+                    retry: Backoff {
+                        base_ms: 20,
+                        cap_ms: 500,
+                    },
                     max_attempts: 50,
                     ..Config::default()
                 };
@@ -503,7 +663,20 @@ impl Sim {
                 }
             })
             .collect();
-        Self { seed, rng, faults, now: 0, net: Net::default(), model: Model::new(ttl), clients, next_conn: 0, captured: Vec::new(), healing: false, closed: HashSet::new(), trace: std::env::var_os("HOSTLEASE_SIM_TRACE").is_some() }
+        Self {
+            seed,
+            rng,
+            faults,
+            now: 0,
+            net: Net::default(),
+            model: Model::new(ttl),
+            clients,
+            next_conn: 0,
+            captured: Vec::new(),
+            healing: false,
+            closed: HashSet::new(),
+            trace: std::env::var_os("HOSTLEASE_SIM_TRACE").is_some(),
+        }
     }
 
     fn delay(&mut self) -> u64 {
@@ -525,8 +698,16 @@ impl Sim {
         }
         if faulty && self.rng.chance(self.faults.dup) {
             let copy = match &p {
-                Packet::ToClient { client, conn, msg } => Packet::ToClient { client: *client, conn: *conn, msg: msg.clone() },
-                Packet::ToServer { client, conn, msg } => Packet::ToServer { client: *client, conn: *conn, msg: msg.clone() },
+                Packet::ToClient { client, conn, msg } => Packet::ToClient {
+                    client: *client,
+                    conn: *conn,
+                    msg: msg.clone(),
+                },
+                Packet::ToServer { client, conn, msg } => Packet::ToServer {
+                    client: *client,
+                    conn: *conn,
+                    msg: msg.clone(),
+                },
                 _ => unreachable!(),
             };
             let later = at + self.delay();
@@ -561,17 +742,38 @@ impl Sim {
                 if Model::table().kind(action) != Some(ActionKind::Participant) {
                     // The core emits a host command only with authority at that instant (resign
                     // and transfer give it up as they are sent; `act` checks them beforehand).
-                    assert!(relinquishing || self.clients[i].view.has_authority(local), "seed {}: host command without authority at {local:?}: {msg:?} {:#?}", self.seed, self.clients[i].view);
+                    assert!(
+                        relinquishing || self.clients[i].view.has_authority(local),
+                        "seed {}: host command without authority at {local:?}: {msg:?} {:#?}",
+                        self.seed,
+                        self.clients[i].view
+                    );
                     if let Some(conn) = self.clients[i].conn {
                         self.captured.push((i, conn, msg.clone()));
                     }
                 }
             }
             if self.trace {
-                eprintln!("t={} {} sends {:?} (lease {:?})", self.now, self.clients[i].pid, msg, self.clients[i].view.lease());
+                eprintln!(
+                    "t={} {} sends {:?} (lease {:?})",
+                    self.now,
+                    self.clients[i].pid,
+                    msg,
+                    self.clients[i].view.lease()
+                );
             }
-            let (Some(conn), false) = (self.clients[i].conn, self.clients[i].cut) else { continue };
-            self.schedule(true, i, Packet::ToServer { client: i, conn, msg });
+            let (Some(conn), false) = (self.clients[i].conn, self.clients[i].cut) else {
+                continue;
+            };
+            self.schedule(
+                true,
+                i,
+                Packet::ToServer {
+                    client: i,
+                    conn,
+                    msg,
+                },
+            );
         }
         let mut stalled = false;
         while let Some(ev) = self.clients[i].view.poll_event() {
@@ -579,7 +781,13 @@ impl Sim {
             match ev {
                 Event::RoomEvent(e) => {
                     if let Some(last) = c.applied.last() {
-                        assert!(e.seq.0 > *last, "seed {}: event {} applied after {}", self.seed, e.seq.0, last);
+                        assert!(
+                            e.seq.0 > *last,
+                            "seed {}: event {} applied after {}",
+                            self.seed,
+                            e.seq.0,
+                            last
+                        );
                     }
                     c.applied.push(e.seq.0);
                 }
@@ -587,7 +795,9 @@ impl Sim {
                 Event::CommandFailed { id, .. } => {
                     c.votes_failed.insert(id);
                 }
-                Event::ProtocolViolation(v) => panic!("seed {}: protocol violation {v:?}", self.seed),
+                Event::ProtocolViolation(v) => {
+                    panic!("seed {}: protocol violation {v:?}", self.seed)
+                }
                 Event::Stalled => stalled = true,
                 _ => {}
             }
@@ -608,7 +818,8 @@ impl Sim {
         c.conn = Some(self.next_conn);
         c.cut = false;
         let local = c.local(self.now);
-        c.view.handle_connected(local, Token::new(format!("join-{}", c.pid)));
+        c.view
+            .handle_connected(local, Token::new(format!("join-{}", c.pid)));
         self.pump(i);
     }
 
@@ -617,7 +828,10 @@ impl Sim {
         let Some(conn) = c.conn.take() else { return };
         let local = c.local(self.now);
         c.view.handle_disconnected(local);
-        self.net.push(self.now + server_notices_after, Packet::ServerSeesClose { client: i, conn });
+        self.net.push(
+            self.now + server_notices_after,
+            Packet::ServerSeesClose { client: i, conn },
+        );
         self.pump(i);
     }
 
@@ -667,11 +881,19 @@ impl Sim {
             if self.clients[from].isolated {
                 continue;
             }
-            let Some(signed) = self.clients[from].view.signed_assignment().cloned() else { continue };
+            let Some(signed) = self.clients[from].view.signed_assignment().cloned() else {
+                continue;
+            };
             for to in (0..n).filter(|t| *t != from) {
                 if self.rng.chance(300) {
                     let at = self.now + self.delay() * 2;
-                    self.net.push(at, Packet::Peer { to, signed: signed.clone() });
+                    self.net.push(
+                        at,
+                        Packet::Peer {
+                            to,
+                            signed: signed.clone(),
+                        },
+                    );
                 }
             }
         }
@@ -685,7 +907,10 @@ impl Sim {
         let n = self.clients.len();
         for j in (0..n).filter(|j| *j != i) {
             let (pi, pj) = (self.clients[i].pid.clone(), self.clients[j].pid.clone());
-            let (li, lj) = (self.clients[i].local(self.now), self.clients[j].local(self.now));
+            let (li, lj) = (
+                self.clients[i].local(self.now),
+                self.clients[j].local(self.now),
+            );
             if isolated {
                 self.clients[i].view.handle_peer_lost(li, &pj);
                 self.clients[j].view.handle_peer_lost(lj, &pi);
@@ -705,10 +930,20 @@ impl Sim {
         let f = self.faults;
         match self.rng.below(100) {
             0..=24 => {
-                let _ = self.clients[i].view.command(local, action("poll.open"), json!({ "at": self.now }), None);
+                let _ = self.clients[i].view.command(
+                    local,
+                    action("poll.open"),
+                    json!({ "at": self.now }),
+                    None,
+                );
             }
             25..=49 => {
-                if let Ok(id) = self.clients[i].view.command(local, action("vote"), json!({ "by": i, "at": self.now }), None) {
+                if let Ok(id) = self.clients[i].view.command(
+                    local,
+                    action("vote"),
+                    json!({ "by": i, "at": self.now }),
+                    None,
+                ) {
                     self.clients[i].votes.insert(id);
                 }
             }
@@ -720,7 +955,11 @@ impl Sim {
                 } else {
                     self.clients[i].view.transfer(local, &to)
                 };
-                assert!(r.is_err() || had, "seed {}: resign/transfer without authority", self.seed);
+                assert!(
+                    r.is_err() || had,
+                    "seed {}: resign/transfer without authority",
+                    self.seed
+                );
             }
             56..=64 if self.rng.chance(f.cut * 60) => {
                 if self.clients[i].conn.is_some() {
@@ -760,13 +999,30 @@ impl Sim {
                     let k = self.rng.below(self.captured.len() as u64) as usize;
                     let (c, conn, msg) = self.captured[k].clone();
                     let msg = match msg {
-                        ClientMsg::Command { action, payload, epoch, capability, .. } => ClientMsg::Command {
-                            id: IdempotencyKey::new(format!("replay{}", self.rng.below(u64::MAX))).unwrap(),
-                            action, payload, epoch, capability,
+                        ClientMsg::Command {
+                            action,
+                            payload,
+                            epoch,
+                            capability,
+                            ..
+                        } => ClientMsg::Command {
+                            id: IdempotencyKey::new(format!("replay{}", self.rng.below(u64::MAX)))
+                                .unwrap(),
+                            action,
+                            payload,
+                            epoch,
+                            capability,
                         },
                         m => m,
                     };
-                    self.net.push(self.now + 1, Packet::ToServer { client: c, conn, msg });
+                    self.net.push(
+                        self.now + 1,
+                        Packet::ToServer {
+                            client: c,
+                            conn,
+                            msg,
+                        },
+                    );
                 }
             }
             _ => {}
@@ -802,10 +1058,24 @@ impl Sim {
             .filter(|c| c.view.has_authority(c.local(self.now)))
             .map(|c| c.pid.as_str())
             .collect();
-        assert!(with_authority.len() <= 1, "seed {}: split brain at t={}: {with_authority:?}", self.seed, self.now);
+        assert!(
+            with_authority.len() <= 1,
+            "seed {}: split brain at t={}: {with_authority:?}",
+            self.seed,
+            self.now
+        );
         if let Some(h) = with_authority.first() {
-            assert_eq!(self.model.current.host.as_ref().map(|p| p.as_str()), Some(*h), "seed {}: authority without the server's grant", self.seed);
-            assert!(self.model.lease_expires > self.now, "seed {}: local lease outlived the server's", self.seed);
+            assert_eq!(
+                self.model.current.host.as_ref().map(|p| p.as_str()),
+                Some(*h),
+                "seed {}: authority without the server's grant",
+                self.seed
+            );
+            assert!(
+                self.model.lease_expires > self.now,
+                "seed {}: local lease outlived the server's",
+                self.seed
+            );
         }
     }
 
@@ -840,36 +1110,109 @@ impl Sim {
 
     fn check_converged(&self) {
         let seed = self.seed;
-        let log_events: Vec<u64> = self.model.log.iter().filter_map(|i| match i { Item::Event(e) => Some(e.seq.0), _ => None }).collect();
+        let log_events: Vec<u64> = self
+            .model
+            .log
+            .iter()
+            .filter_map(|i| match i {
+                Item::Event(e) => Some(e.seq.0),
+                _ => None,
+            })
+            .collect();
         for c in &self.clients {
             let v = &c.view;
             assert_eq!(v.phase(), Phase::Live, "seed {seed}: {} not live", c.pid);
-            assert_eq!(v.epoch(), Some(self.model.epoch), "seed {seed}: {} not at the newest epoch", c.pid);
-            assert_eq!(v.cursor(), self.model.seq, "seed {seed}: {} cursor behind", c.pid);
-            assert_eq!(c.discontinuities, 0, "seed {seed}: the model never trims its log");
-            assert_eq!(c.applied, log_events, "seed {seed}: {} events not applied exactly once in order", c.pid);
-            assert_eq!(v.pending().count(), 0, "seed {seed}: {} has unresolved commands: {v:#?}", c.pid);
+            assert_eq!(
+                v.epoch(),
+                Some(self.model.epoch),
+                "seed {seed}: {} not at the newest epoch",
+                c.pid
+            );
+            assert_eq!(
+                v.cursor(),
+                self.model.seq,
+                "seed {seed}: {} cursor behind",
+                c.pid
+            );
+            assert_eq!(
+                c.discontinuities, 0,
+                "seed {seed}: the model never trims its log"
+            );
+            assert_eq!(
+                c.applied, log_events,
+                "seed {seed}: {} events not applied exactly once in order",
+                c.pid
+            );
+            assert_eq!(
+                v.pending().count(),
+                0,
+                "seed {seed}: {} has unresolved commands: {v:#?}",
+                c.pid
+            );
         }
         // Each vote the SDK did not report failed was counted exactly once.
         let mut counted: HashMap<(String, u64), usize> = HashMap::new();
         for item in &self.model.log {
             if let Item::Event(e) = item {
                 if e.action.as_str() == "vote" {
-                    *counted.entry((e.actor.to_string(), e.payload["at"].as_u64().unwrap())).or_default() += 1;
+                    *counted
+                        .entry((e.actor.to_string(), e.payload["at"].as_u64().unwrap()))
+                        .or_default() += 1;
                 }
             }
         }
-        assert!(counted.values().all(|n| *n == 1), "seed {seed}: a vote was counted twice");
-        let accepted_votes: usize = self.clients.iter().map(|c| c.votes.len() - c.votes.intersection(&c.votes_failed).count()).sum();
-        assert_eq!(counted.len(), accepted_votes, "seed {seed}: votes lost or invented");
+        assert!(
+            counted.values().all(|n| *n == 1),
+            "seed {seed}: a vote was counted twice"
+        );
+        let accepted_votes: usize = self
+            .clients
+            .iter()
+            .map(|c| c.votes.len() - c.votes.intersection(&c.votes_failed).count())
+            .sum();
+        assert_eq!(
+            counted.len(),
+            accepted_votes,
+            "seed {seed}: votes lost or invented"
+        );
         // Liveness after healing: somebody hosts and holds authority.
-        let host = self.clients.iter().filter(|c| c.view.has_authority(c.local(self.now))).count();
+        let host = self
+            .clients
+            .iter()
+            .filter(|c| c.view.has_authority(c.local(self.now)))
+            .count();
         if host != 1 {
             for c in &self.clients {
-                eprintln!("{} named={} lease={:?} epoch={:?} phase={:?}", c.pid, c.view.is_named_host(), c.view.lease(), c.view.epoch(), c.view.phase());
+                eprintln!(
+                    "{} named={} lease={:?} epoch={:?} phase={:?}",
+                    c.pid,
+                    c.view.is_named_host(),
+                    c.view.lease(),
+                    c.view.epoch(),
+                    c.view.phase()
+                );
             }
-            eprintln!("model: {:?} expires={} now={} nonces={:?} members={:?}", self.model.current, self.model.lease_expires, self.now, self.model.nonces, self.model.members.iter().map(|m| m.session.as_str()).collect::<Vec<_>>());
-            for c in &self.clients { eprintln!("{} session={:?} cut={} conn={:?}", c.pid, c.view.session(), c.cut, c.conn); }
+            eprintln!(
+                "model: {:?} expires={} now={} nonces={:?} members={:?}",
+                self.model.current,
+                self.model.lease_expires,
+                self.now,
+                self.model.nonces,
+                self.model
+                    .members
+                    .iter()
+                    .map(|m| m.session.as_str())
+                    .collect::<Vec<_>>()
+            );
+            for c in &self.clients {
+                eprintln!(
+                    "{} session={:?} cut={} conn={:?}",
+                    c.pid,
+                    c.view.session(),
+                    c.cut,
+                    c.conn
+                );
+            }
         }
         assert_eq!(host, 1, "seed {seed}: nobody holds authority after healing");
     }
@@ -898,8 +1241,14 @@ fn seeded_schedules_keep_every_invariant() {
         run_seed(seed);
         return;
     }
-    let schedules: u64 = std::env::var("HOSTLEASE_SIM_SCHEDULES").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
-    let base: u64 = std::env::var("HOSTLEASE_SIM_BASE").ok().and_then(|s| s.parse().ok()).unwrap_or(0x40_57_1E_A5E);
+    let schedules: u64 = std::env::var("HOSTLEASE_SIM_SCHEDULES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let base: u64 = std::env::var("HOSTLEASE_SIM_BASE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x0004_0571_EA5E);
     let (mut accepted, mut rejected) = (0, 0);
     for k in 0..schedules {
         let (a, r) = run_seed(base.wrapping_add(k));
@@ -908,6 +1257,12 @@ fn seeded_schedules_keep_every_invariant() {
     }
     println!("simulation: {schedules} schedules, {accepted} host commands accepted, {rejected} stale ones refused");
     // The schedules must actually exercise both sides of the gate.
-    assert!(accepted > schedules / 2, "too few host commands accepted: {accepted}");
-    assert!(rejected > schedules / 10, "too few stale host commands tried: {rejected}");
+    assert!(
+        accepted > schedules / 2,
+        "too few host commands accepted: {accepted}"
+    );
+    assert!(
+        rejected > schedules / 10,
+        "too few stale host commands tried: {rejected}"
+    );
 }

@@ -20,9 +20,9 @@ use super::error::CommandError;
 use super::order::{provisional_coordinator, sort_members};
 use super::time::Instant;
 use crate::protocol::{
-    Action, ActionKind, ActionTable, Assignment, ClientMsg, Epoch, ErrorCode, Gap,
-    IdempotencyKey, Item, Member, Outcome, ParticipantId, RejectCode, Role, RoomEvent, Seq,
-    ServerMsg, SessionId, SignedAssignment, Snapshot, Token, ACTION_RESIGN, ACTION_TRANSFER,
+    Action, ActionKind, ActionTable, Assignment, ClientMsg, Epoch, ErrorCode, Gap, IdempotencyKey,
+    Item, Member, Outcome, ParticipantId, RejectCode, Role, RoomEvent, Seq, ServerMsg, SessionId,
+    SignedAssignment, Snapshot, Token, ACTION_RESIGN, ACTION_TRANSFER,
 };
 
 /// Tunables of a [`HostView`].
@@ -136,7 +136,9 @@ pub enum Event {
         via: Source,
     },
     /// The provisional coordinator changed (`None`: no longer provisional, or nobody reachable).
-    Provisional { coordinator: Option<ParticipantId> },
+    Provisional {
+        coordinator: Option<ParticipantId>,
+    },
     MembersChanged,
     Lease(LeaseState),
     /// A room event, applied once and in `seq` order.
@@ -144,9 +146,17 @@ pub enum Event {
     /// These items will never be delivered.
     Discontinuity(Gap),
     /// A participant command made while not live is queued and will be sent after the resync.
-    CommandQueued { id: IdempotencyKey },
-    CommandAccepted { id: IdempotencyKey, seq: Seq },
-    CommandFailed { id: IdempotencyKey, error: CommandError },
+    CommandQueued {
+        id: IdempotencyKey,
+    },
+    CommandAccepted {
+        id: IdempotencyKey,
+        seq: Seq,
+    },
+    CommandFailed {
+        id: IdempotencyKey,
+        error: CommandError,
+    },
     /// The server sent something that breaks the protocol's rules (it is ignored).
     ProtocolViolation(Violation),
     /// WebRTC signalling from another member.
@@ -398,7 +408,11 @@ impl HostView {
             CmdState::Backoff { until } => Some(until),
             _ => None,
         });
-        lease.into_iter().chain(cmds).chain(self.resync_retry_at).min()
+        lease
+            .into_iter()
+            .chain(cmds)
+            .chain(self.resync_retry_at)
+            .min()
     }
 
     // ----- inputs --------------------------------------------------------------------------
@@ -460,7 +474,10 @@ impl HostView {
             self.set_lease(LeaseState::Unknown);
         }
         for c in &mut self.commands {
-            if matches!(c.state, CmdState::InFlight { .. } | CmdState::Backoff { .. }) {
+            if matches!(
+                c.state,
+                CmdState::InFlight { .. } | CmdState::Backoff { .. }
+            ) {
                 c.state = CmdState::Unknown;
             }
         }
@@ -590,7 +607,8 @@ impl HostView {
                     token,
                     epoch,
                     actions,
-                    expires_at: now.add_ms(expires_in_ms.saturating_sub(self.config.lease_margin_ms)),
+                    expires_at: now
+                        .add_ms(expires_in_ms.saturating_sub(self.config.lease_margin_ms)),
                 };
                 match role {
                     Role::Host => {
@@ -759,7 +777,9 @@ impl HostView {
         let lease = match (self.local_deadline(sent_at, remaining_ms, now), self.lease) {
             // A confirmation of an older echo never shortens a deadline a newer one set.
             (LeaseState::Held { deadline: new }, LeaseState::Held { deadline: old }) => {
-                LeaseState::Held { deadline: new.max(old) }
+                LeaseState::Held {
+                    deadline: new.max(old),
+                }
             }
             (LeaseState::Expired, held @ LeaseState::Held { .. }) => held,
             (new, _) => new,
@@ -851,10 +871,11 @@ impl HostView {
             self.resync_sent_at = now;
         }
         self.awaiting_welcome = true;
-        let retry = self
-            .config
-            .retry
-            .retry_delay_ms(self.stats.resyncs_requested.min(16) as u32, None, &mut self.rng);
+        let retry = self.config.retry.retry_delay_ms(
+            self.stats.resyncs_requested.min(16) as u32,
+            None,
+            &mut self.rng,
+        );
         self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms + retry));
         self.resume_asked = Some(self.cursor);
         self.transmits.push_back(ClientMsg::Resume {
@@ -880,7 +901,9 @@ impl HostView {
             if a.epoch == cur.epoch {
                 if a.same_holder(cur) {
                     self.stats.duplicates_dropped += 1;
-                    if self.current_signed.as_ref().is_none_or(|s| s.sig.is_none()) && signed.sig.is_some() {
+                    if self.current_signed.as_ref().is_none_or(|s| s.sig.is_none())
+                        && signed.sig.is_some()
+                    {
                         self.current_signed = Some(signed);
                     }
                 } else {
@@ -951,10 +974,10 @@ impl HostView {
                 };
                 if code.is_retryable() && self.commands[i].attempts < self.config.max_attempts {
                     let attempt = self.commands[i].attempts;
-                    let delay = self
-                        .config
-                        .retry
-                        .retry_delay_ms(attempt, retry_after_ms, &mut self.rng);
+                    let delay =
+                        self.config
+                            .retry
+                            .retry_delay_ms(attempt, retry_after_ms, &mut self.rng);
                     self.commands[i].state = CmdState::Backoff {
                         until: now.add_ms(delay),
                     };
@@ -976,7 +999,8 @@ impl HostView {
                     self.set_lease(LeaseState::Unknown);
                 }
                 self.fail(&id, error);
-                if code == RejectCode::LeaseExpired && matches!(self.lease, LeaseState::Held { .. }) {
+                if code == RejectCode::LeaseExpired && matches!(self.lease, LeaseState::Held { .. })
+                {
                     self.set_lease(LeaseState::Expired);
                 }
             }
@@ -1036,7 +1060,8 @@ impl HostView {
         });
         let i = self.commands.len() - 1;
         if kind == ActionKind::Participant && !self.can_send_participant() {
-            self.events.push_back(Event::CommandQueued { id: id.clone() });
+            self.events
+                .push_back(Event::CommandQueued { id: id.clone() });
             self.flush_queued(now); // arms the resync timer if live without a token
         } else {
             self.send(now, i);
@@ -1276,8 +1301,7 @@ impl HostView {
     fn set_provisional(&mut self, p: Option<ParticipantId>) {
         if self.provisional != p {
             self.provisional = p.clone();
-            self.events
-                .push_back(Event::Provisional { coordinator: p });
+            self.events.push_back(Event::Provisional { coordinator: p });
         }
     }
 

@@ -8,10 +8,8 @@ use core::fmt;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::messages::{
-    Assignment, ClientMsg, Item, Member, ServerMsg, Snapshot, PROTOCOL_VERSION,
-};
 use super::ids::MAX_TOKEN_LEN;
+use super::messages::{Assignment, ClientMsg, Item, Member, ServerMsg, Snapshot, PROTOCOL_VERSION};
 
 /// Largest client → server frame, in bytes.
 pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
@@ -73,7 +71,10 @@ impl fmt::Display for DecodeError {
             }
             DecodeError::MissingVersion => f.write_str("frame has no protocol version"),
             DecodeError::UnsupportedVersion(v) => {
-                write!(f, "protocol version {v} is not supported (this SDK speaks {PROTOCOL_VERSION})")
+                write!(
+                    f,
+                    "protocol version {v} is not supported (this SDK speaks {PROTOCOL_VERSION})"
+                )
             }
             DecodeError::UnknownType => f.write_str("unknown message type"),
             DecodeError::Invalid(why) => write!(f, "invalid frame: {why}"),
@@ -110,7 +111,14 @@ const SERVER_TYPES: &[&str] = &[
     "signal",
     "error",
 ];
-const CLIENT_TYPES: &[&str] = &["hello", "resume", "lease_echo", "leave", "command", "signal"];
+const CLIENT_TYPES: &[&str] = &[
+    "hello",
+    "resume",
+    "lease_echo",
+    "leave",
+    "command",
+    "signal",
+];
 
 fn decode_frame<T: DeserializeOwned>(
     text: &str,
@@ -179,7 +187,11 @@ fn encode<M: Serialize>(msg: &M) -> String {
         v: PROTOCOL_VERSION,
         msg,
     })
-    .unwrap_or_else(|_| String::from("{\"v\":1,\"t\":\"error\",\"code\":\"internal\",\"message\":\"encode failed\"}"))
+    .unwrap_or_else(|_| {
+        String::from(
+            "{\"v\":1,\"t\":\"error\",\"code\":\"internal\",\"message\":\"encode failed\"}",
+        )
+    })
 }
 
 /// Encodes a server → client frame.
@@ -263,12 +275,13 @@ fn validate_server(msg: &ServerMsg) -> Result<(), DecodeError> {
             check(actions.len() <= MAX_ACTIONS, "too many actions")
         }
         ServerMsg::Presence { member, .. } => validate_member(member),
-        ServerMsg::CommandResult { outcome, .. } => match outcome {
-            super::messages::Outcome::Rejected {
-                current: Some(a), ..
-            } => validate_assignment(&a.assignment),
-            _ => Ok(()),
-        },
+        ServerMsg::CommandResult {
+            outcome:
+                super::messages::Outcome::Rejected {
+                    current: Some(a), ..
+                },
+            ..
+        } => validate_assignment(&a.assignment),
         ServerMsg::Discontinuity(g) => check(g.from <= g.to, "discontinuity range is reversed"),
         ServerMsg::Error { message, .. } => {
             check(message.len() <= MAX_MESSAGE_LEN, "error message too long")
@@ -279,9 +292,10 @@ fn validate_server(msg: &ServerMsg) -> Result<(), DecodeError> {
 
 fn validate_client(msg: &ClientMsg) -> Result<(), DecodeError> {
     match msg {
-        ClientMsg::Hello { token, .. } | ClientMsg::Command { capability: token, .. } => {
-            check(token.expose().len() <= MAX_TOKEN_LEN, "token too long")
-        }
+        ClientMsg::Hello { token, .. }
+        | ClientMsg::Command {
+            capability: token, ..
+        } => check(token.expose().len() <= MAX_TOKEN_LEN, "token too long"),
         _ => Ok(()),
     }
 }

@@ -131,7 +131,11 @@ pub fn live(me: &str, host: &str, epoch: u64) -> HostView {
     let mut v = connected(me);
     let a = assignment(epoch, epoch, Some(host));
     let lease = if me == host { Some(3000) } else { None };
-    let snap = snapshot(a, vec![member("a", 1), member("b", 2), member("c", 3)], lease);
+    let snap = snapshot(
+        a,
+        vec![member("a", 1), member("b", 2), member("c", 3)],
+        lease,
+    );
     v.handle_server(at(10), welcome(me, snap, vec![]));
     v.handle_server(at(10), participant_cap());
     if me == host {
