@@ -3,6 +3,10 @@
 
 mod common;
 
+// The same tests run in the browser (wasm-bindgen-test), at the default, reduced sizes.
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
 use common::*;
 use hostlease::protocol::codec::{
     decode_body, signing_bytes, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_SERVER_FRAME,

@@ -20,6 +20,10 @@
 
 mod common;
 
+// The same tests run in the browser (wasm-bindgen-test), at the default, reduced sizes.
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 

@@ -1,10 +1,840 @@
-//! Browser bindings (wasm32 only). Only the protocol version is exported so far; the driver and
-//! the `HostView` binding are the browser SDK's work (see the README's status section).
+//! Browser bindings (wasm32 only): a `#[wasm_bindgen]` driver around the core that owns the I/O
+//! the core refuses to do — the WebSocket, timers, the monotonic clock with sleep detection, the
+//! page lifecycle hooks and the reconnect supervisor.
+//!
+//! What crosses the boundary is JSON text: frames go to the core as the text the socket received
+//! (decoded by the same codec as natively, with the same limits), and everything the core reports
+//! leaves as one JSON array per step, handed to the wrapper's `emit` callback only after the step
+//! has returned and the driver is no longer borrowed. The driver never calls an app listener: the
+//! JS wrapper fans events out, so a listener that throws cannot break the SDK.
 
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
+
+use serde::Serialize;
 use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+use web_sys::{CloseEvent, Event as DomEvent, MessageEvent, WebSocket};
+
+use crate::core::{Backoff, CommandError, Config, Event, HostView, Instant, Phase, SplitMix64};
+use crate::protocol::{
+    self, codec, Action, ActionTable, Assignment, Epoch, IdempotencyKey, Member, ParticipantId,
+    RoomEvent, Seq, SessionId, SignedAssignment, Token,
+};
 
 /// The major wire-protocol version this build speaks.
 #[wasm_bindgen(js_name = protocolVersion)]
 pub fn protocol_version() -> u32 {
-    crate::protocol::PROTOCOL_VERSION
+    protocol::PROTOCOL_VERSION
+}
+
+/// The exact bytes the server signs for an assignment (for WebCrypto verification of relays).
+/// `json` is an assignment (signed or not); returns `undefined` when it is not one.
+#[wasm_bindgen(js_name = assignmentSigningBytes)]
+pub fn assignment_signing_bytes(json: &str) -> Option<Vec<u8>> {
+    let a: SignedAssignment = codec::decode_body(json, codec::MAX_CLIENT_FRAME).ok()?;
+    codec::validate_assignment(&a.assignment).ok()?;
+    Some(codec::signing_bytes(&a.assignment))
+}
+
+/// A wall-clock jump beyond the monotonic clock larger than this means the page slept or froze.
+const SLEEP_THRESHOLD_MS: f64 = 2_000.0;
+
+/// Local time: `performance.now()`, plus whatever the wall clock advanced beyond it (a sleeping
+/// machine stops `performance.now()` in some browsers). Never goes backwards.
+struct Clock {
+    last_perf: f64,
+    last_wall: f64,
+    skew: f64,
+}
+
+fn perf_now() -> f64 {
+    web_sys::window()
+        .and_then(|w| w.performance())
+        .map_or_else(js_sys::Date::now, |p| p.now())
+}
+
+impl Clock {
+    fn new() -> Self {
+        Self {
+            last_perf: perf_now(),
+            last_wall: js_sys::Date::now(),
+            skew: 0.0,
+        }
+    }
+
+    /// The current instant, and whether a sleep was detected since the last reading.
+    fn now(&mut self) -> (Instant, bool) {
+        self.observe(perf_now(), js_sys::Date::now())
+    }
+
+    /// Elapsed time is the larger of the monotonic and the wall-clock deltas.
+    fn observe(&mut self, perf: f64, wall: f64) -> (Instant, bool) {
+        let (dp, dw) = (perf - self.last_perf, wall - self.last_wall);
+        let slept = dw - dp > SLEEP_THRESHOLD_MS;
+        if dw > dp {
+            self.skew += dw - dp;
+        }
+        self.last_perf = perf;
+        self.last_wall = wall;
+        (
+            Instant::from_millis((perf + self.skew).max(0.0) as u64),
+            slept,
+        )
+    }
+}
+
+type Handler<T> = Closure<dyn FnMut(T)>;
+
+/// A page lifecycle listener, kept to be removed on `close`.
+type Listener = (web_sys::EventTarget, &'static str, Handler<DomEvent>);
+
+/// The closures attached to one WebSocket; dropped (detached) when the socket is replaced.
+struct Socket {
+    ws: WebSocket,
+    _open: Handler<DomEvent>,
+    _message: Handler<MessageEvent>,
+    _close: Handler<CloseEvent>,
+}
+
+impl Socket {
+    /// Detaches every handler and closes the socket; the closures stay alive until dropped.
+    fn detach(&self) {
+        self.ws.set_onopen(None);
+        self.ws.set_onmessage(None);
+        self.ws.set_onclose(None);
+        self.ws.set_onerror(None);
+        let _ = self.ws.close();
+    }
+}
+
+struct State {
+    view: HostView,
+    url: String,
+    emit: js_sys::Function,
+    socket: Option<Socket>,
+    /// The previous socket, detached but kept until the next one replaces it: its handler may be
+    /// the code running when it is retired, and a closure must not be dropped while it runs.
+    retired: Option<Socket>,
+    /// The join token for the connection being opened (used once, in the hello).
+    token: Option<Token>,
+    timer: Option<i32>,
+    timer_cb: Option<Closure<dyn FnMut()>>,
+    reconnect: Backoff,
+    attempt: u32,
+    reconnect_at: Option<Instant>,
+    rng: SplitMix64,
+    clock: Clock,
+    /// JSON texts of events not yet handed to `emit`.
+    out: Vec<String>,
+    closed: bool,
+    lifecycle: Vec<Listener>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum JsEvent<'a> {
+    Connection {
+        phase: &'static str,
+    },
+    Host {
+        assignment: &'a Assignment,
+        previous_epoch: Option<Epoch>,
+        via: &'static str,
+        signed: Option<&'a SignedAssignment>,
+    },
+    Provisional {
+        coordinator: Option<&'a ParticipantId>,
+    },
+    Members,
+    Lease {
+        state: &'static str,
+    },
+    Event {
+        event: &'a RoomEvent,
+    },
+    Discontinuity {
+        from: Seq,
+        to: Seq,
+    },
+    CommandQueued {
+        id: &'a IdempotencyKey,
+    },
+    CommandAccepted {
+        id: &'a IdempotencyKey,
+        seq: Seq,
+    },
+    CommandFailed {
+        id: &'a IdempotencyKey,
+        code: &'static str,
+    },
+    Error {
+        code: &'static str,
+        message: &'static str,
+    },
+    Signal {
+        from: &'a ParticipantId,
+        from_session: &'a SessionId,
+        data: &'a serde_json::Value,
+    },
+    /// The supervisor is about to reconnect: the wrapper must call `connect(token)`.
+    TokenNeeded,
+}
+
+fn to_json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| String::from("null"))
+}
+
+impl State {
+    fn now(&mut self) -> Instant {
+        let (now, slept) = self.clock.now();
+        if slept {
+            self.view.handle_wake(now);
+        }
+        now
+    }
+
+    fn push(&mut self, e: JsEvent<'_>) {
+        self.out.push(to_json(&e));
+    }
+
+    /// Drains the core after an input: frames to the socket at once, events to `out`, then the
+    /// timer for the next timeout.
+    fn drain(&mut self, weak: &Weak<RefCell<State>>) {
+        while let Some(msg) = self.view.poll_transmit() {
+            if let Some(s) = &self.socket {
+                if s.ws.ready_state() == WebSocket::OPEN {
+                    let _ = s.ws.send_with_str(&protocol::encode_client(&msg));
+                }
+            }
+        }
+        let mut stalled = false;
+        while let Some(e) = self.view.poll_event() {
+            match &e {
+                Event::Phase(p) => {
+                    if *p == Phase::Live {
+                        self.attempt = 0;
+                    }
+                    self.push(JsEvent::Connection { phase: p.as_str() })
+                }
+                Event::HostChanged {
+                    assignment,
+                    previous,
+                    via,
+                } => {
+                    let via = match via {
+                        crate::core::Source::Server => "server",
+                        crate::core::Source::Snapshot => "snapshot",
+                        crate::core::Source::Peer => "peer",
+                    };
+                    let json = to_json(&JsEvent::Host {
+                        assignment,
+                        previous_epoch: previous.as_ref().map(|p| p.epoch),
+                        via,
+                        signed: self
+                            .view
+                            .signed_assignment()
+                            .filter(|s| s.assignment.epoch == assignment.epoch),
+                    });
+                    self.out.push(json);
+                }
+                Event::Provisional { coordinator } => self.push(JsEvent::Provisional {
+                    coordinator: coordinator.as_ref(),
+                }),
+                Event::MembersChanged => self.push(JsEvent::Members),
+                Event::Lease(l) => self.push(JsEvent::Lease { state: l.as_str() }),
+                Event::RoomEvent(ev) => self.push(JsEvent::Event { event: ev }),
+                Event::Discontinuity(g) => self.push(JsEvent::Discontinuity {
+                    from: g.from,
+                    to: g.to,
+                }),
+                Event::CommandQueued { id } => self.push(JsEvent::CommandQueued { id }),
+                Event::CommandAccepted { id, seq } => {
+                    self.push(JsEvent::CommandAccepted { id, seq: *seq })
+                }
+                Event::CommandFailed { id, error } => self.push(JsEvent::CommandFailed {
+                    id,
+                    code: error.code(),
+                }),
+                Event::ProtocolViolation(_) => self.push(JsEvent::Error {
+                    code: "ProtocolViolation",
+                    message: "the server broke a protocol rule; the message was ignored",
+                }),
+                Event::Signal {
+                    from,
+                    from_session,
+                    data,
+                } => self.push(JsEvent::Signal {
+                    from,
+                    from_session,
+                    data,
+                }),
+                Event::ServerError(code) => self.push(JsEvent::Error {
+                    code: code.as_str(),
+                    message: "the server sent an error frame",
+                }),
+                Event::Stalled => stalled = true,
+            }
+        }
+        if stalled {
+            self.drop_socket(weak);
+        }
+        self.arm_timer(weak);
+    }
+
+    fn arm_timer(&mut self, weak: &Weak<RefCell<State>>) {
+        let window = match web_sys::window() {
+            Some(w) => w,
+            None => return,
+        };
+        if let Some(t) = self.timer.take() {
+            window.clear_timeout_with_handle(t);
+        }
+        let next = [self.view.poll_timeout(), self.reconnect_at]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(next) = next else { return };
+        let (now, _) = self.clock.now();
+        let delay = next.ms_since(now).min(i32::MAX as u64) as i32;
+        let weak = weak.clone();
+        let cb = Closure::<dyn FnMut()>::new(move || {
+            if let Some(rc) = weak.upgrade() {
+                step(&rc, |s, w| {
+                    s.timer = None;
+                    let now = s.now();
+                    if s.reconnect_at.is_some_and(|t| now >= t) {
+                        s.reconnect_at = None;
+                        s.push(JsEvent::TokenNeeded);
+                    }
+                    s.view.handle_timeout(now);
+                    let _ = w;
+                });
+            }
+        });
+        if let Ok(id) = window.set_timeout_with_callback_and_timeout_and_arguments_0(
+            cb.as_ref().unchecked_ref(),
+            delay,
+        ) {
+            self.timer = Some(id);
+        }
+        self.timer_cb = Some(cb);
+    }
+
+    /// The connection is gone (closed, failed or stalled): tell the core, plan the reconnect.
+    fn retire_socket(&mut self) {
+        if let Some(s) = self.socket.take() {
+            s.detach();
+            self.retired = Some(s);
+        }
+    }
+
+    fn drop_socket(&mut self, weak: &Weak<RefCell<State>>) {
+        self.retire_socket();
+        let now = self.now();
+        self.view.handle_disconnected(now);
+        if !self.closed {
+            let delay = self.reconnect.delay_ms(self.attempt, &mut self.rng);
+            self.attempt = self.attempt.saturating_add(1);
+            self.reconnect_at = Some(now.add_ms(delay));
+        }
+        // Report the disconnect's events now (the caller may be the close handler itself).
+        while let Some(e) = self.view.poll_event() {
+            if let Event::Phase(p) = e {
+                self.push(JsEvent::Connection { phase: p.as_str() });
+            } else if let Event::Provisional { coordinator } = &e {
+                self.push(JsEvent::Provisional {
+                    coordinator: coordinator.as_ref(),
+                });
+            } else if let Event::Lease(l) = e {
+                self.push(JsEvent::Lease { state: l.as_str() });
+            }
+        }
+        self.arm_timer(weak);
+    }
+
+    fn open(&mut self, weak: &Weak<RefCell<State>>) -> Result<(), JsValue> {
+        self.retire_socket();
+        let ws = WebSocket::new(&self.url)?;
+        let w = weak.clone();
+        let open = Closure::<dyn FnMut(DomEvent)>::new(move |_: DomEvent| {
+            if let Some(rc) = w.upgrade() {
+                step(&rc, |s, _| {
+                    let now = s.now();
+                    let token = s.token.take().unwrap_or_else(|| Token::new(""));
+                    s.view.handle_connected(now, token);
+                });
+            }
+        });
+        let w = weak.clone();
+        let message = Closure::<dyn FnMut(MessageEvent)>::new(move |e: MessageEvent| {
+            let Some(text) = e.data().as_string() else {
+                return; // binary frames are not part of the protocol
+            };
+            if let Some(rc) = w.upgrade() {
+                step(&rc, |s, _| {
+                    let now = s.now();
+                    match protocol::decode_server(&text) {
+                        Ok(msg) => s.view.handle_server(now, msg),
+                        Err(protocol::DecodeError::UnknownType) => {} // a newer server's message
+                        Err(e) => s.push(JsEvent::Error {
+                            code: e.code(),
+                            message: "a frame from the server could not be decoded",
+                        }),
+                    }
+                });
+            }
+        });
+        let w = weak.clone();
+        let close = Closure::<dyn FnMut(CloseEvent)>::new(move |_: CloseEvent| {
+            if let Some(rc) = w.upgrade() {
+                step(&rc, |s, w| s.drop_socket(w));
+            }
+        });
+        ws.set_onopen(Some(open.as_ref().unchecked_ref()));
+        ws.set_onmessage(Some(message.as_ref().unchecked_ref()));
+        ws.set_onclose(Some(close.as_ref().unchecked_ref()));
+        self.socket = Some(Socket {
+            ws,
+            _open: open,
+            _message: message,
+            _close: close,
+        });
+        Ok(())
+    }
+
+    fn hook_lifecycle(&mut self, weak: &Weak<RefCell<State>>) {
+        let Some(window) = web_sys::window() else {
+            return;
+        };
+        let targets: Vec<(web_sys::EventTarget, &'static str)> = {
+            let mut t: Vec<(web_sys::EventTarget, &'static str)> = vec![
+                (window.clone().into(), "pageshow"),
+                (window.clone().into(), "online"),
+                (window.clone().into(), "offline"),
+            ];
+            if let Some(doc) = window.document() {
+                t.push((doc.into(), "visibilitychange"));
+            }
+            t
+        };
+        for (target, name) in targets {
+            let w = weak.clone();
+            let cb = Closure::<dyn FnMut(DomEvent)>::new(move |e: DomEvent| {
+                let Some(rc) = w.upgrade() else { return };
+                let visible = web_sys::window()
+                    .and_then(|w| w.document())
+                    .is_none_or(|d| d.visibility_state() == web_sys::VisibilityState::Visible);
+                let kind = e.type_();
+                step(&rc, |s, w| {
+                    let now = s.now();
+                    match kind.as_str() {
+                        // Timers were throttled or frozen: the lease cannot be trusted.
+                        "visibilitychange" if !visible => return,
+                        "pageshow" | "visibilitychange" | "offline" => s.view.handle_wake(now),
+                        "online" => {
+                            s.view.handle_wake(now);
+                            if s.socket.is_none() && !s.closed {
+                                // The network is back: reconnect now rather than at the backoff.
+                                s.attempt = 0;
+                                s.reconnect_at = Some(now);
+                            }
+                        }
+                        _ => {}
+                    }
+                    let _ = w;
+                });
+            });
+            if target
+                .add_event_listener_with_callback(name, cb.as_ref().unchecked_ref())
+                .is_ok()
+            {
+                self.lifecycle.push((target, name, cb));
+            }
+        }
+    }
+}
+
+/// Runs one input against the state, drains it, then hands the events to `emit` with the
+/// state no longer borrowed (so a listener may call back into the driver).
+fn step(rc: &Rc<RefCell<State>>, f: impl FnOnce(&mut State, &Weak<RefCell<State>>)) {
+    let weak = Rc::downgrade(rc);
+    let (emit, events) = {
+        let mut s = rc.borrow_mut();
+        f(&mut s, &weak);
+        s.drain(&weak);
+        if s.out.is_empty() {
+            return;
+        }
+        let events = format!("[{}]", s.out.join(","));
+        s.out.clear();
+        (s.emit.clone(), events)
+    };
+    // A throwing `emit` is the wrapper's bug, not the driver's: the state is already consistent.
+    let _ = emit.call1(&JsValue::NULL, &JsValue::from_str(&events));
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ViewJs<'a> {
+    phase: &'static str,
+    host: Option<&'a ParticipantId>,
+    host_session: Option<&'a SessionId>,
+    epoch: Option<Epoch>,
+    me: Option<&'a ParticipantId>,
+    session: Option<&'a SessionId>,
+    am_host: bool,
+    named_host: bool,
+    lease: &'static str,
+    provisional: Option<&'a ParticipantId>,
+    members: &'a [Member],
+    cursor: Seq,
+    actions: &'a ActionTable,
+    pending: Vec<PendingJs<'a>>,
+    signed: Option<&'a SignedAssignment>,
+}
+
+#[derive(Serialize)]
+struct PendingJs<'a> {
+    id: &'a IdempotencyKey,
+    action: &'a Action,
+    queued: bool,
+}
+
+/// The browser driver of one room. Use it through the `hostlease` JS package.
+#[wasm_bindgen]
+pub struct Driver {
+    inner: Rc<RefCell<State>>,
+}
+
+#[wasm_bindgen]
+impl Driver {
+    /// `url`: the room's WebSocket URL (no token in it). `emit(eventsJson)` receives every step's
+    /// events. `seed`: 64 random bits for jitter and idempotency keys (from `crypto`).
+    #[wasm_bindgen(constructor)]
+    pub fn new(url: String, emit: js_sys::Function, seed_hi: u32, seed_lo: u32) -> Driver {
+        let seed = (u64::from(seed_hi) << 32) | u64::from(seed_lo);
+        let config = Config {
+            seed,
+            ..Config::default()
+        };
+        let state = State {
+            view: HostView::new(config),
+            url,
+            emit,
+            socket: None,
+            retired: None,
+            token: None,
+            timer: None,
+            timer_cb: None,
+            reconnect: Backoff {
+                base_ms: 500,
+                cap_ms: 15_000,
+            },
+            attempt: 0,
+            reconnect_at: None,
+            rng: SplitMix64::new(seed ^ 0xA5A5_A5A5_A5A5_A5A5),
+            clock: Clock::new(),
+            out: Vec::new(),
+            closed: false,
+            lifecycle: Vec::new(),
+        };
+        let inner = Rc::new(RefCell::new(state));
+        let weak = Rc::downgrade(&inner);
+        inner.borrow_mut().hook_lifecycle(&weak);
+        Driver { inner }
+    }
+
+    /// Opens a connection whose hello carries `token` (the first frame, never the URL).
+    pub fn connect(&self, token: String) -> Result<(), JsValue> {
+        let rc = &self.inner;
+        let mut result = Ok(());
+        step(rc, |s, w| {
+            if s.closed {
+                return;
+            }
+            s.token = Some(Token::new(token));
+            s.reconnect_at = None;
+            if let Err(e) = s.open(w) {
+                result = Err(e);
+                s.drop_socket(w);
+            }
+        });
+        result
+    }
+
+    /// Issues a command; `payload` is JSON text. Returns the idempotency key, or throws the
+    /// error code as a string for the wrapper to turn into a `HostleaseError`.
+    pub fn command(&self, action: String, payload: &str) -> Result<String, JsValue> {
+        let action = Action::new(action).map_err(|_| JsValue::from_str("UnknownAction"))?;
+        let payload: serde_json::Value = codec::decode_body(payload, codec::MAX_CLIENT_FRAME)
+            .map_err(|_| JsValue::from_str("BadPayload"))?;
+        let mut result = Err(JsValue::from_str(CommandError::Closed.code()));
+        step(&self.inner, |s, _| {
+            let now = s.now();
+            result = s
+                .view
+                .command(now, action, payload, None)
+                .map(|k| k.as_str().to_owned())
+                .map_err(|e| JsValue::from_str(e.code()));
+        });
+        result
+    }
+
+    /// A relayed assignment (JSON), already verified by the wrapper against the server's key.
+    /// Returns whether it was adopted.
+    #[wasm_bindgen(js_name = peerAssignment)]
+    pub fn peer_assignment(&self, json: &str) -> bool {
+        let Ok(a) = codec::decode_body::<SignedAssignment>(json, codec::MAX_CLIENT_FRAME) else {
+            return false;
+        };
+        if codec::validate_assignment(&a.assignment).is_err() {
+            return false;
+        }
+        let mut adopted = false;
+        step(&self.inner, |s, _| {
+            let now = s.now();
+            adopted = s.view.handle_peer_assignment(now, a);
+        });
+        adopted
+    }
+
+    #[wasm_bindgen(js_name = peerSeen)]
+    pub fn peer_seen(&self, peer: &str) {
+        if let Ok(p) = ParticipantId::new(peer) {
+            step(&self.inner, |s, _| {
+                let now = s.now();
+                s.view.handle_peer_seen(now, p);
+            });
+        }
+    }
+
+    #[wasm_bindgen(js_name = peerLost)]
+    pub fn peer_lost(&self, peer: &str) {
+        if let Ok(p) = ParticipantId::new(peer) {
+            step(&self.inner, |s, _| {
+                let now = s.now();
+                s.view.handle_peer_lost(now, &p);
+            });
+        }
+    }
+
+    /// Sends signalling data (JSON) to another member through the server.
+    pub fn signal(&self, to: &str, data: &str) -> bool {
+        let (Ok(to), Ok(data)) = (
+            ParticipantId::new(to),
+            codec::decode_body::<serde_json::Value>(data, codec::MAX_CLIENT_FRAME),
+        ) else {
+            return false;
+        };
+        let s = self.inner.borrow();
+        match &s.socket {
+            Some(sock) if sock.ws.ready_state() == WebSocket::OPEN => {
+                let msg = protocol::ClientMsg::Signal {
+                    to,
+                    to_session: None,
+                    data,
+                };
+                sock.ws
+                    .send_with_str(&protocol::encode_client(&msg))
+                    .is_ok()
+            }
+            _ => false,
+        }
+    }
+
+    /// The view as JSON.
+    pub fn view(&self) -> String {
+        let mut s = self.inner.borrow_mut();
+        let (now, _) = s.clock.now();
+        let v = &s.view;
+        let a = v.assignment();
+        to_json(&ViewJs {
+            phase: v.phase().as_str(),
+            host: a.and_then(|a| a.host.as_ref()),
+            host_session: a.and_then(|a| a.session.as_ref()),
+            epoch: v.epoch(),
+            me: v.me(),
+            session: v.session(),
+            am_host: v.has_authority(now),
+            named_host: v.is_named_host(),
+            lease: v.lease().as_str(),
+            provisional: v.provisional(),
+            members: v.members(),
+            cursor: v.cursor(),
+            actions: v.actions(),
+            pending: v
+                .pending()
+                .map(|(id, action, queued)| PendingJs { id, action, queued })
+                .collect(),
+            signed: v.signed_assignment(),
+        })
+    }
+
+    /// Test hook: sends `text` on the socket as is, bypassing every check of the SDK.
+    #[wasm_bindgen(js_name = rawSend)]
+    pub fn raw_send(&self, text: &str) -> bool {
+        let s = self.inner.borrow();
+        s.socket
+            .as_ref()
+            .is_some_and(|sock| sock.ws.send_with_str(text).is_ok())
+    }
+
+    /// Test hook: closes the socket as if the network dropped it.
+    #[wasm_bindgen(js_name = dropConnection)]
+    pub fn drop_connection(&self) {
+        step(&self.inner, |s, w| s.drop_socket(w));
+    }
+
+    /// Leaves the room (a host is replaced at once) and stops reconnecting.
+    pub fn close(&self) {
+        step(&self.inner, |s, w| {
+            s.closed = true;
+            let now = s.now();
+            s.view.leave(now);
+            // Send the leave before closing.
+            while let Some(msg) = s.view.poll_transmit() {
+                if let Some(sock) = &s.socket {
+                    let _ = sock.ws.send_with_str(&protocol::encode_client(&msg));
+                }
+            }
+            s.retire_socket();
+            s.reconnect_at = None;
+            for (target, name, cb) in s.lifecycle.drain(..) {
+                let _ =
+                    target.remove_event_listener_with_callback(name, cb.as_ref().unchecked_ref());
+            }
+            let _ = w;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Browser tests of the driver (headless Chromium through wasm-bindgen-test).
+    use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
+
+    wasm_bindgen_test_configure!(run_in_browser);
+
+    #[wasm_bindgen_test]
+    fn clock_takes_the_larger_delta_and_detects_sleep() {
+        let mut c = Clock {
+            last_perf: 1000.0,
+            last_wall: 5000.0,
+            skew: 0.0,
+        };
+        assert_eq!(
+            c.observe(1100.0, 5100.0),
+            (Instant::from_millis(1100), false)
+        );
+        // The machine slept 60 s: performance.now() barely moved, the wall clock did.
+        let (t, slept) = c.observe(1200.0, 65_200.0);
+        assert!(slept);
+        assert_eq!(t, Instant::from_millis(1200 + 60_000));
+        // The wall clock set back: local time does not go backwards.
+        let (t2, slept) = c.observe(1300.0, 1000.0);
+        assert!(!slept);
+        assert!(t2 > t);
+    }
+
+    #[wasm_bindgen_test]
+    fn real_clock_is_monotonic() {
+        let mut c = Clock::new();
+        let (a, _) = c.now();
+        let (b, _) = c.now();
+        assert!(b >= a);
+    }
+
+    #[wasm_bindgen_test]
+    fn signing_bytes_from_json() {
+        let json = r#"{"room":"r","host":"a","session":"s","epoch":2,"seq":3,"lease_ms":10,"reason":"elected","issued_at":5}"#;
+        let bytes = assignment_signing_bytes(json).unwrap();
+        assert_eq!(
+            bytes,
+            b"hostlease/v1/assignment\nr\na\ns\n2\n3\n10\nelected\n5"
+        );
+        assert!(assignment_signing_bytes("{}").is_none());
+        assert!(assignment_signing_bytes(r#"{"room":"r","host":"a","session":null,"epoch":2,"seq":3,"lease_ms":10,"reason":"elected","issued_at":5}"#).is_none());
+    }
+
+    fn collector() -> (js_sys::Function, Rc<RefCell<Vec<serde_json::Value>>>) {
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let s = seen.clone();
+        let f = Closure::<dyn FnMut(String)>::new(move |json: String| {
+            let v: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+            s.borrow_mut().extend(v);
+        });
+        let func: js_sys::Function = f.as_ref().unchecked_ref::<js_sys::Function>().clone();
+        f.forget();
+        (func, seen)
+    }
+
+    async fn sleep(ms: i32) {
+        let p = js_sys::Promise::new(&mut |resolve, _| {
+            web_sys::window()
+                .unwrap()
+                .set_timeout_with_callback_and_timeout_and_arguments_0(&resolve, ms)
+                .unwrap();
+        });
+        wasm_bindgen_futures::JsFuture::from(p).await.unwrap();
+    }
+
+    fn has(events: &[serde_json::Value], ty: &str, key: &str, val: &str) -> bool {
+        events
+            .iter()
+            .any(|e| e["type"] == ty && (key.is_empty() || e[key] == val))
+    }
+
+    #[wasm_bindgen_test]
+    async fn an_unreachable_server_goes_offline_and_the_supervisor_asks_for_a_token() {
+        let (emit, seen) = collector();
+        // Port 9 on loopback: nothing listens, the socket fails at once.
+        let d = Driver::new("ws://127.0.0.1:9/v1/rooms/r/ws".into(), emit, 1, 2);
+        d.connect("join-token".into()).unwrap();
+        for _ in 0..100 {
+            if has(&seen.borrow(), "token_needed", "", "") {
+                break;
+            }
+            sleep(50).await;
+        }
+        let events = seen.borrow().clone();
+        assert!(has(&events, "connection", "phase", "offline"), "{events:?}");
+        assert!(
+            has(&events, "token_needed", "", ""),
+            "the supervisor never asked to reconnect: {events:?}"
+        );
+        let view: serde_json::Value = serde_json::from_str(&d.view()).unwrap();
+        assert_eq!(view["phase"], "offline");
+        assert_eq!(view["amHost"], false);
+        d.close();
+        let view: serde_json::Value = serde_json::from_str(&d.view()).unwrap();
+        assert_eq!(view["phase"], "closed");
+    }
+
+    #[wasm_bindgen_test]
+    fn errors_are_codes_for_the_wrapper() {
+        let (emit, _) = collector();
+        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 7);
+        let code = |r: Result<String, JsValue>| r.unwrap_err().as_string().unwrap();
+        assert_eq!(code(d.command("poll.open".into(), "{}")), "UnknownAction");
+        assert_eq!(
+            code(d.command("not an action".into(), "{}")),
+            "UnknownAction"
+        );
+        assert_eq!(
+            code(d.command("host.resign".into(), "{not json")),
+            "BadPayload"
+        );
+        assert_eq!(
+            code(d.command("host.resign".into(), "null")),
+            "NotAuthoritative"
+        );
+        assert!(!d.peer_assignment("{}"));
+        assert!(!d.raw_send("{}"), "no socket to send on");
+        d.close();
+        assert_eq!(code(d.command("host.resign".into(), "null")), "Closed");
+    }
 }

@@ -30,9 +30,13 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("test") => test(&root),
         Some("bench") => bench(&root),
+        Some("build") => build(&root).map(|_| ()),
         Some("demo") => demo(),
         _ => {
-            eprintln!("usage: cargo xtask <test|bench|demo>");
+            eprintln!("usage: cargo xtask <test|build|bench|demo>");
+            eprintln!(
+                "  build  the wasm package into pkg/ (wasm-bindgen, wasm-opt -Oz), with its sizes"
+            );
             eprintln!("  test   fmt, clippy, every native test at full size, wasm check, dependency check");
             eprintln!("  bench  the core's benchmarks, as a table");
             eprintln!("  demo   (arrives with the server and the demo app)");
@@ -81,10 +85,16 @@ fn run_tests(step: &str, cmd: &mut Command, totals: &mut (u64, u64, u64)) -> Res
     let stdout = child.stdout.take().expect("piped");
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         println!("{line}");
-        if let Some(rest) = line.trim().strip_prefix("test result: ") {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("test result: ") {
             totals.0 += count(rest, " passed");
             totals.1 += count(rest, " failed");
             totals.2 += count(rest, " ignored");
+        } else if let Some(n) = t.strip_prefix("# pass ").or(t.strip_prefix("ℹ pass ")) {
+            // node's test runner
+            totals.0 += n.trim().parse().unwrap_or(0);
+        } else if let Some(n) = t.strip_prefix("# fail ").or(t.strip_prefix("ℹ fail ")) {
+            totals.1 += n.trim().parse().unwrap_or(0);
         }
     }
     let status = child.wait().map_err(|e| format!("{step}: {e}"))?;
@@ -245,6 +255,20 @@ fn test(root: &Path) -> Result<(), String> {
         ))
     );
     step!("dependency check", check_dependencies(root));
+    step!("tools", tools::ensure(root));
+    step!(
+        "wasm tests",
+        run_tests(
+            "the core's tests in wasm (Node) and the driver's in headless Chromium",
+            &mut tools::wasm_test_command(root),
+            &mut totals
+        )
+    );
+    step!(
+        "package build",
+        build(root).and_then(|sizes| sizes::check_budget(root, &sizes))
+    );
+    step!("package smoke", pkg::smoke(root, &mut totals));
 
     eprintln!("\n==> summary");
     for (name, secs, ok) in &steps {
@@ -276,6 +300,54 @@ fn test(root: &Path) -> Result<(), String> {
     }
 }
 
+/// Builds the npm package's wasm into `pkg/wasm/` and prints its sizes.
+fn build(root: &Path) -> Result<sizes::Sizes, String> {
+    ensure_wasm_target()?;
+    tools::ensure(root)?;
+    run(
+        "cargo build --profile wasm --target wasm32-unknown-unknown",
+        cargo().current_dir(root).args([
+            "build",
+            "-p",
+            "hostlease",
+            "--lib",
+            "--profile",
+            "wasm",
+            "--target",
+            "wasm32-unknown-unknown",
+        ]),
+    )?;
+    let out = root.join("pkg/wasm");
+    let built = root.join("target/wasm32-unknown-unknown/wasm/hostlease.wasm");
+    run(
+        "wasm-bindgen --target web",
+        Command::new(tools::wasm_bindgen(root))
+            .args([
+                "--target",
+                "web",
+                "--no-typescript",
+                "--out-name",
+                "hostlease",
+                "--out-dir",
+            ])
+            .arg(&out)
+            .arg(&built),
+    )?;
+    let wasm = out.join("hostlease_bg.wasm");
+    run(
+        "wasm-opt -Oz (npm binaryen)",
+        Command::new(tools::node_bin(root, "wasm-opt"))
+            .args(["-Oz", "--strip-debug", "--strip-producers"])
+            .args(tools::WASM_FEATURES)
+            .arg(&wasm)
+            .arg("-o")
+            .arg(&wasm),
+    )?;
+    let sizes = sizes::measure(root)?;
+    sizes::print(&sizes);
+    Ok(sizes)
+}
+
 fn bench(root: &Path) -> Result<(), String> {
     run(
         "cargo bench (the core)",
@@ -292,3 +364,7 @@ fn demo() -> Result<(), String> {
             .into(),
     )
 }
+
+mod pkg;
+mod sizes;
+mod tools;

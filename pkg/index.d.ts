@@ -1,0 +1,161 @@
+// Types of the hostlease package.
+
+export declare const ErrorCode: Readonly<{
+  NotInitialized: "NotInitialized";
+  BadArgument: "BadArgument";
+  NotHost: "NotHost";
+  NotAuthoritative: "NotAuthoritative";
+  LeaseExpired: "LeaseExpired";
+  NoCapability: "NoCapability";
+  StaleEpoch: "StaleEpoch";
+  IdempotencyConflict: "IdempotencyConflict";
+  UnknownAction: "UnknownAction";
+  BadPayload: "BadPayload";
+  QueueFull: "QueueFull";
+  Timeout: "Timeout";
+  Interrupted: "Interrupted";
+  Closed: "Closed";
+  Rejected: "Rejected";
+  Unauthorized: "unauthorized";
+  TokenUnavailable: "TokenUnavailable";
+  ProtocolViolation: "ProtocolViolation";
+  ForgedRelay: "ForgedRelay";
+  RelayUnsupported: "RelayUnsupported";
+  ListenerError: "ListenerError";
+}>;
+
+export type ErrorCodeValue = (typeof ErrorCode)[keyof typeof ErrorCode] | (string & {});
+
+export declare class HostleaseError extends Error {
+  readonly code: ErrorCodeValue;
+  constructor(code: ErrorCodeValue, message: string, options?: { cause?: unknown });
+}
+export declare class UsageError extends HostleaseError {}
+export declare class CommandError extends HostleaseError {}
+export declare class ConnectionError extends HostleaseError {}
+export declare class ProtocolError extends HostleaseError {}
+
+/** Loads the WebAssembly module; await it once before `connect`. */
+export declare function init(input?: string | URL | Request | Response | BufferSource | WebAssembly.Module): Promise<void>;
+/** The wire-protocol major version. */
+export declare function version(): number;
+
+export type Phase = "connecting" | "live" | "offline" | "resyncing" | "closed";
+export type LeaseState = "not_host" | "unknown" | "held" | "expired" | "relinquished";
+export type Reason =
+  | "elected" | "lease_lapsed" | "left" | "resigned" | "transferred" | "admin" | "kicked" | "closed" | "unknown";
+
+export interface Assignment {
+  room: string;
+  host: string | null;
+  session: string | null;
+  epoch: number;
+  seq: number;
+  lease_ms: number;
+  reason: Reason;
+  issued_at: number;
+  kid?: string;
+  sig?: string;
+}
+
+export interface Member {
+  id: string;
+  session: string;
+  name: string;
+  join_seq: number;
+  may_host: boolean;
+}
+
+export interface PendingCommand {
+  id: string;
+  action: string;
+  /** Made offline, waiting for the resync. */
+  queued: boolean;
+}
+
+export interface HostView {
+  phase: Phase;
+  host: string | null;
+  hostSession: string | null;
+  epoch: number | null;
+  me: string | null;
+  session: string | null;
+  /** May issue host commands now: live, granted by the server, lease confirmed, token held. */
+  amHost: boolean;
+  /** The newest assignment names this session (with or without authority). */
+  namedHost: boolean;
+  lease: LeaseState;
+  /** Shown while the server is unreachable; has no authority. */
+  provisional: string | null;
+  members: Member[];
+  cursor: number;
+  actions: { host: string[]; participant: string[] };
+  pending: PendingCommand[];
+  signed: Assignment | null;
+}
+
+export interface RoomEventRecord {
+  seq: number;
+  epoch: number;
+  actor: string;
+  action: string;
+  payload: unknown;
+  at: number;
+}
+
+export interface EventMap {
+  host: {
+    host: string | null;
+    session: string | null;
+    epoch: number;
+    reason: Reason;
+    previousEpoch: number | null;
+    via: "server" | "snapshot" | "peer";
+    issuedAt: number;
+    assignment: Assignment;
+  };
+  provisional: { coordinator: string | null };
+  members: { members: Member[] };
+  event: RoomEventRecord;
+  discontinuity: { from: number; to: number };
+  connection: { phase: Phase };
+  lease: { state: LeaseState };
+  command: { id: string; state: "queued" | "accepted" | "failed"; seq?: number; code?: string };
+  signal: { from: string; fromSession: string; data: unknown };
+  relay: { peer: string; epoch?: number; accepted: boolean; reason: "adopted" | "stale" | "forged" | "unsigned" | "unsupported" };
+  error: HostleaseError;
+}
+
+export type TokenResult = string | { token: string; expiresAt?: number };
+
+export interface ConnectOptions {
+  /** The server's WebSocket base URL (`wss://host`), or the room's full `/ws` URL. */
+  url: string;
+  room: string;
+  /** A join token from your backend. */
+  token?: string;
+  /** Called for a join token before each connection and ahead of `expiresAt`. */
+  getToken?: () => TokenResult | Promise<TokenResult>;
+  /** Where the server's public keys are (default: `<server>/v1/keys`). */
+  keysUrl?: string;
+}
+
+export interface Stamped<T> {
+  hostleaseEpoch: number | null;
+  body: T;
+}
+
+export declare class Room {
+  readonly room: string;
+  readonly view: HostView;
+  on<K extends keyof EventMap>(type: K, listener: (payload: EventMap[K]) => void): () => void;
+  command(action: string, payload?: unknown): Promise<{ id: string; seq: number }>;
+  stamp<T>(body: T): Stamped<T>;
+  acceptStamped<T>(message: Stamped<T>): T | null;
+  attachPeer(peerId: string, channel: RTCDataChannel): void;
+  detachPeer(peerId: string): void;
+  signal(to: string, data: unknown): boolean;
+  close(): void;
+}
+
+export declare function connect(options: ConnectOptions): Promise<Room>;

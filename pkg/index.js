@@ -1,0 +1,483 @@
+// hostlease: the thin JS wrapper around the WebAssembly driver.
+//
+// The driver (Rust, src/web) owns the WebSocket, timers, the clock and the reconnect supervisor;
+// this file owns what is JavaScript's by nature: the init guard, typed listeners, promises,
+// Error classes, join-token refresh, and the WebRTC relay with WebCrypto verification.
+
+import initWasm, { Driver, protocolVersion, assignmentSigningBytes } from "./wasm/hostlease.js";
+
+// ----- errors ----------------------------------------------------------------------------------
+
+/** Stable error codes; they mirror the Rust `code()` strings. */
+export const ErrorCode = Object.freeze({
+  NotInitialized: "NotInitialized",
+  BadArgument: "BadArgument",
+  NotHost: "NotHost",
+  NotAuthoritative: "NotAuthoritative",
+  LeaseExpired: "LeaseExpired",
+  NoCapability: "NoCapability",
+  StaleEpoch: "StaleEpoch",
+  IdempotencyConflict: "IdempotencyConflict",
+  UnknownAction: "UnknownAction",
+  BadPayload: "BadPayload",
+  QueueFull: "QueueFull",
+  Timeout: "Timeout",
+  Interrupted: "Interrupted",
+  Closed: "Closed",
+  Rejected: "Rejected",
+  Unauthorized: "unauthorized",
+  TokenUnavailable: "TokenUnavailable",
+  ProtocolViolation: "ProtocolViolation",
+  ForgedRelay: "ForgedRelay",
+  RelayUnsupported: "RelayUnsupported",
+  ListenerError: "ListenerError",
+});
+
+/** Every error the SDK throws or reports is a `HostleaseError` with a stable `.code`. */
+export class HostleaseError extends Error {
+  constructor(code, message, options) {
+    super(message, options);
+    this.name = new.target.name;
+    this.code = code;
+  }
+}
+/** Misuse of the API: used before `init()`, bad arguments. */
+export class UsageError extends HostleaseError {}
+/** A command was refused locally or by the server. */
+export class CommandError extends HostleaseError {}
+/** The connection or its credentials failed. */
+export class ConnectionError extends HostleaseError {}
+/** The server or a peer broke the protocol. */
+export class ProtocolError extends HostleaseError {}
+
+const COMMAND_MESSAGES = {
+  NotHost: "this session is not the host",
+  NotAuthoritative: "the server is unreachable or resyncing; host commands are refused",
+  LeaseExpired: "the host lease has expired locally",
+  NoCapability: "no capability token for this action",
+  StaleEpoch: "the host epoch changed; the command was not applied",
+  IdempotencyConflict: "the idempotency key was used for a different request",
+  UnknownAction: "the action is not in the room's action table",
+  BadPayload: "the payload is not JSON-serialisable or too large",
+  QueueFull: "too many commands queued or in flight",
+  Timeout: "no result from the server after every retry",
+  Interrupted: "the connection dropped before the result arrived; see the room's events",
+  Closed: "the room was left",
+  Rejected: "the server refused the command",
+};
+
+function commandError(code) {
+  return new CommandError(code, COMMAND_MESSAGES[code] ?? "the command failed");
+}
+
+// ----- init ------------------------------------------------------------------------------------
+
+let ready = null;
+let initialized = false;
+
+/**
+ * Loads the WebAssembly module. Call (and await) once before `connect`. `input` is passed to the
+ * wasm-bindgen loader (a URL, a Response, bytes or a compiled module); by default the `.wasm`
+ * next to this file is fetched.
+ */
+export function init(input) {
+  if (!ready) {
+    ready = initWasm(input === undefined ? undefined : { module_or_path: input }).then(
+      () => {
+        initialized = true;
+      },
+      (e) => {
+        ready = null;
+        throw new UsageError(ErrorCode.NotInitialized, "the hostlease WebAssembly module failed to load", { cause: e });
+      },
+    );
+  }
+  return ready;
+}
+
+function requireInit() {
+  if (!initialized) {
+    throw new UsageError(ErrorCode.NotInitialized, "call `await init()` before using hostlease");
+  }
+}
+
+/** The wire-protocol major version (after `init`). */
+export function version() {
+  requireInit();
+  return protocolVersion();
+}
+
+// ----- helpers ---------------------------------------------------------------------------------
+
+function b64urlDecode(s) {
+  const b64 = s.replace(/-/g, "+").replace(/_/g, "/") + "===".slice((s.length + 3) % 4);
+  const bin = atob(b64);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+function randomWords() {
+  const w = new Uint32Array(2);
+  globalThis.crypto.getRandomValues(w);
+  return w;
+}
+
+function roomUrl(url, room) {
+  if (/\/ws(\?|$)/.test(url)) return url;
+  return `${url.replace(/\/+$/, "")}/v1/rooms/${encodeURIComponent(room)}/ws`;
+}
+
+function httpBase(url) {
+  const u = new URL(url);
+  u.protocol = u.protocol === "wss:" ? "https:" : "http:";
+  return u.origin;
+}
+
+const RELAY_TAG = "hostlease.relay";
+const TOKEN_REFRESH_EARLY_MS = 30_000;
+
+// ----- Room ------------------------------------------------------------------------------------
+
+/**
+ * Connects to a room. Options: `url` (the server's WebSocket base URL, or a full `/ws` URL),
+ * `room`, and either `token` (a join token) or `getToken()` returning a token, `{ token,
+ * expiresAt }` or a promise of either; `keysUrl` (defaults to the server's `/v1/keys`).
+ * Resolves once the first connection attempt has started; watch `connection` events for `live`.
+ */
+export async function connect(options) {
+  requireInit();
+  if (!options || typeof options.url !== "string" || typeof options.room !== "string") {
+    throw new UsageError(ErrorCode.BadArgument, "connect({ url, room, token | getToken }) needs a url and a room");
+  }
+  if (typeof options.token !== "string" && typeof options.getToken !== "function") {
+    throw new UsageError(ErrorCode.BadArgument, "connect() needs a `token` string or a `getToken` function");
+  }
+  const room = new Room(options);
+  await room._dial();
+  return room;
+}
+
+export class Room {
+  constructor(options) {
+    this.room = options.room;
+    this._url = roomUrl(options.url, options.room);
+    this._keysUrl = options.keysUrl ?? `${httpBase(this._url)}/v1/keys`;
+    this._getToken = options.getToken ?? (() => options.token);
+    this._token = null; // { token, expiresAt? }
+    this._refreshTimer = null;
+    this._listeners = new Map();
+    this._pending = new Map(); // idempotency key → { resolve, reject }
+    this._peers = new Map(); // peer id → { channel, onOpen, onMessage, onClose }
+    this._keys = null; // Promise<Map<kid, CryptoKey>> | null
+    this._relayWarned = false;
+    this._newestEpoch = -1;
+    this._closed = false;
+    const [hi, lo] = randomWords();
+    this._driver = new Driver(this._url, (json) => this._onEvents(json), hi, lo);
+  }
+
+  /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending. */
+  get view() {
+    return JSON.parse(this._driver.view());
+  }
+
+  /** Subscribes to `host`, `provisional`, `members`, `event`, `discontinuity`, `connection`,
+   * `lease`, `command`, `signal`, `relay` or `error`. Returns the unsubscribe function. */
+  on(type, listener) {
+    if (typeof listener !== "function") {
+      throw new UsageError(ErrorCode.BadArgument, "on(type, listener) needs a function");
+    }
+    let set = this._listeners.get(type);
+    if (!set) this._listeners.set(type, (set = new Set()));
+    set.add(listener);
+    return () => set.delete(listener);
+  }
+
+  /** Issues a command. Resolves with `{ id, seq }` once the server applied it; rejects with a
+   * `CommandError`. Participant commands made offline stay pending and are sent after the resync. */
+  command(action, payload = null) {
+    let text;
+    try {
+      text = JSON.stringify(payload ?? null);
+    } catch (e) {
+      return Promise.reject(new CommandError(ErrorCode.BadPayload, COMMAND_MESSAGES.BadPayload, { cause: e }));
+    }
+    let id;
+    try {
+      id = this._driver.command(String(action), text);
+    } catch (code) {
+      return Promise.reject(commandError(typeof code === "string" ? code : ErrorCode.Rejected));
+    }
+    return new Promise((resolve, reject) => this._pending.set(id, { resolve, reject }));
+  }
+
+  /** Wraps a host's own data-channel message with its epoch. */
+  stamp(body) {
+    return { hostleaseEpoch: this.view.epoch, body };
+  }
+
+  /** Returns the body of a stamped message, or `null` when it comes from an older epoch than the
+   * newest this client has seen (a deposed host's message). */
+  acceptStamped(message) {
+    if (!message || typeof message.hostleaseEpoch !== "number") return null;
+    const epoch = this.view.epoch ?? -1;
+    return message.hostleaseEpoch >= epoch ? message.body : null;
+  }
+
+  /** Relays presence and server-signed assignments over `channel` (an RTCDataChannel). */
+  attachPeer(peerId, channel) {
+    this.detachPeer(peerId);
+    const onOpen = () => {
+      this._driver.peerSeen(peerId);
+      const signed = this.view.signed;
+      if (signed && signed.sig) this._sendRelay(channel, signed);
+    };
+    const onClose = () => this._driver.peerLost(peerId);
+    const onMessage = (e) => {
+      if (typeof e.data !== "string" || !e.data.includes(RELAY_TAG)) return;
+      let msg;
+      try {
+        msg = JSON.parse(e.data);
+      } catch {
+        return;
+      }
+      if (msg && msg.t === RELAY_TAG && msg.assignment) this._onRelay(peerId, msg.assignment);
+    };
+    channel.addEventListener("open", onOpen);
+    channel.addEventListener("close", onClose);
+    channel.addEventListener("message", onMessage);
+    this._peers.set(peerId, { channel, onOpen, onClose, onMessage });
+    if (channel.readyState === "open") onOpen();
+  }
+
+  detachPeer(peerId) {
+    const p = this._peers.get(peerId);
+    if (!p) return;
+    p.channel.removeEventListener("open", p.onOpen);
+    p.channel.removeEventListener("close", p.onClose);
+    p.channel.removeEventListener("message", p.onMessage);
+    this._peers.delete(peerId);
+    this._driver.peerLost(peerId);
+  }
+
+  /** Sends WebRTC signalling `data` to member `to` through the server. */
+  signal(to, data) {
+    return this._driver.signal(String(to), JSON.stringify(data));
+  }
+
+  /** Leaves the room (a host is replaced at once) and stops reconnecting. */
+  close() {
+    if (this._closed) return;
+    this._closed = true;
+    clearTimeout(this._refreshTimer);
+    for (const id of [...this._peers.keys()]) this.detachPeer(id);
+    this._driver.close();
+  }
+
+  /** Test hooks: send a raw frame, bypassing the SDK's checks; drop the connection. */
+  get __test() {
+    return {
+      rawSend: (frame) => this._driver.rawSend(typeof frame === "string" ? frame : JSON.stringify(frame)),
+      dropConnection: () => this._driver.dropConnection(),
+      relay: (peerId, assignment) => this._onRelay(peerId, assignment),
+    };
+  }
+
+  // ----- internals -----------------------------------------------------------------------------
+
+  async _token() {
+    const t = this._token;
+    if (t && (t.expiresAt === undefined || t.expiresAt - Date.now() > TOKEN_REFRESH_EARLY_MS)) return t.token;
+    return this._refreshToken();
+  }
+
+  async _refreshToken() {
+    let got;
+    try {
+      got = await this._getToken();
+    } catch (e) {
+      this._emit("error", new ConnectionError(ErrorCode.TokenUnavailable, "getToken() failed", { cause: e }));
+      return null;
+    }
+    const t = typeof got === "string" ? { token: got } : got;
+    if (!t || typeof t.token !== "string") {
+      this._emit("error", new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token"));
+      return null;
+    }
+    this._token = t;
+    clearTimeout(this._refreshTimer);
+    if (typeof t.expiresAt === "number" && !this._closed) {
+      // Refresh ahead of expiry so that a reconnect never waits on the app's backend.
+      const wait = Math.max(1_000, t.expiresAt - Date.now() - TOKEN_REFRESH_EARLY_MS);
+      this._refreshTimer = setTimeout(() => this._refreshToken(), wait);
+    }
+    return t.token;
+  }
+
+  async _dial() {
+    const token = await this._token();
+    if (this._closed) return;
+    if (token === null) {
+      // Try again with the supervisor's backoff.
+      this._driver.dropConnection();
+      return;
+    }
+    try {
+      this._driver.connect(token);
+    } catch (e) {
+      this._emit("error", new ConnectionError("connect_failed", "the WebSocket could not be opened", { cause: e }));
+    }
+  }
+
+  _onEvents(json) {
+    let events;
+    try {
+      events = JSON.parse(json);
+    } catch {
+      return;
+    }
+    for (const e of events) this._dispatch(e);
+  }
+
+  _dispatch(e) {
+    switch (e.type) {
+      case "connection":
+        this._emit("connection", { phase: e.phase });
+        break;
+      case "host": {
+        const a = e.assignment;
+        this._newestEpoch = Math.max(this._newestEpoch, a.epoch);
+        this._emit("host", {
+          host: a.host ?? null, session: a.session ?? null, epoch: a.epoch, reason: a.reason,
+          previousEpoch: e.previous_epoch ?? null, via: e.via, issuedAt: a.issued_at, assignment: a,
+        });
+        if (e.signed && e.signed.sig) for (const p of this._peers.values()) this._sendRelay(p.channel, e.signed);
+        break;
+      }
+      case "provisional":
+        this._emit("provisional", { coordinator: e.coordinator ?? null });
+        break;
+      case "members":
+        this._emit("members", { members: this.view.members });
+        break;
+      case "lease":
+        this._emit("lease", { state: e.state });
+        break;
+      case "event":
+        this._emit("event", e.event);
+        break;
+      case "discontinuity":
+        this._emit("discontinuity", { from: e.from, to: e.to });
+        break;
+      case "command_queued":
+        this._emit("command", { id: e.id, state: "queued" });
+        break;
+      case "command_accepted": {
+        const p = this._pending.get(e.id);
+        this._pending.delete(e.id);
+        this._emit("command", { id: e.id, state: "accepted", seq: e.seq });
+        if (p) p.resolve({ id: e.id, seq: e.seq });
+        break;
+      }
+      case "command_failed": {
+        const p = this._pending.get(e.id);
+        this._pending.delete(e.id);
+        const err = commandError(e.code);
+        this._emit("command", { id: e.id, state: "failed", code: e.code });
+        if (p) p.reject(err);
+        break;
+      }
+      case "signal":
+        this._emit("signal", { from: e.from, fromSession: e.from_session, data: e.data });
+        break;
+      case "error": {
+        if (e.code === ErrorCode.Unauthorized) this._token = null; // fetch a fresh one next time
+        const Cls = e.code === ErrorCode.ProtocolViolation ? ProtocolError : ConnectionError;
+        this._emit("error", new Cls(e.code, e.message));
+        break;
+      }
+      case "token_needed":
+        this._dial();
+        break;
+    }
+  }
+
+  _emit(type, payload) {
+    const set = this._listeners.get(type);
+    if (!set) return;
+    for (const listener of [...set]) {
+      try {
+        listener(payload);
+      } catch (err) {
+        // A throwing listener never stops delivery to the others, nor breaks the SDK.
+        if (type !== "error") {
+          this._emit("error", new UsageError(ErrorCode.ListenerError, `a "${type}" listener threw`, { cause: err }));
+        }
+      }
+    }
+  }
+
+  _sendRelay(channel, signed) {
+    if (channel.readyState !== "open") return;
+    try {
+      channel.send(JSON.stringify({ t: RELAY_TAG, assignment: signed }));
+    } catch {
+      // A closing channel: the peer will get the next one.
+    }
+  }
+
+  _loadKeys() {
+    if (!this._keys) {
+      this._keys = (async () => {
+        const res = await fetch(this._keysUrl);
+        if (!res.ok) throw new Error(`keys: HTTP ${res.status}`);
+        const body = await res.json();
+        const keys = new Map();
+        for (const k of body.keys ?? []) {
+          if (k.alg !== "Ed25519") continue;
+          keys.set(k.kid, await crypto.subtle.importKey("raw", b64urlDecode(k.x), { name: "Ed25519" }, false, ["verify"]));
+        }
+        return keys;
+      })();
+      this._keys.catch(() => {
+        this._keys = null; // retry on the next relay
+      });
+    }
+    return this._keys;
+  }
+
+  async _onRelay(peerId, signed) {
+    const report = (accepted, reason) => this._emit("relay", { peer: peerId, epoch: signed?.epoch, accepted, reason });
+    if (!signed || signed.room !== this.room || typeof signed.sig !== "string" || typeof signed.kid !== "string") {
+      this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment was unsigned or for another room"));
+      return report(false, "unsigned");
+    }
+    let keys;
+    try {
+      keys = await this._loadKeys();
+    } catch {
+      if (!this._relayWarned) {
+        this._relayWarned = true;
+        this._emit("error", new ProtocolError(ErrorCode.RelayUnsupported, "Ed25519 in WebCrypto or the server keys are unavailable; peer relays are ignored"));
+      }
+      return report(false, "unsupported");
+    }
+    const key = keys.get(signed.kid);
+    const bytes = assignmentSigningBytes(JSON.stringify(signed));
+    let ok = false;
+    if (key && bytes) {
+      try {
+        ok = await crypto.subtle.verify({ name: "Ed25519" }, key, b64urlDecode(signed.sig), bytes);
+      } catch {
+        ok = false;
+      }
+    }
+    if (!ok) {
+      this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment failed signature verification"));
+      return report(false, "forged");
+    }
+    const adopted = this._driver.peerAssignment(JSON.stringify(signed));
+    report(adopted, adopted ? "adopted" : "stale");
+  }
+}

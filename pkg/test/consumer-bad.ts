@@ -1,0 +1,9 @@
+// Misuse that the types must reject (tsc is expected to fail on this file).
+import { connect } from "hostlease";
+
+export async function bad() {
+  const room = await connect({ url: "wss://example.test", room: "lunch", token: "t" });
+  room.on("host", ({ nosuchfield }) => nosuchfield);
+  const n: string = room.view.epoch;
+  return n;
+}

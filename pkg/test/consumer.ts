@@ -1,0 +1,26 @@
+// A consumer of the public types: `tsc --noEmit --strict` must accept it.
+import { init, connect, HostleaseError, CommandError, ErrorCode, type HostView, type Room } from "hostlease";
+
+export async function main(channel: RTCDataChannel): Promise<number | null> {
+  await init();
+  const room: Room = await connect({ url: "wss://example.test", room: "lunch", getToken: async () => ({ token: "t", expiresAt: Date.now() + 60_000 }) });
+  const off = room.on("host", ({ host, epoch, reason }) => console.log(host, epoch, reason));
+  room.on("provisional", ({ coordinator }) => console.log(coordinator?.toUpperCase()));
+  room.on("error", (e) => console.log(e.code));
+  off();
+  room.attachPeer("peer-1", channel);
+  const view: HostView = room.view;
+  try {
+    const { seq } = await room.command("vote", { option: 1 });
+    return seq + (view.epoch ?? 0);
+  } catch (e) {
+    if (e instanceof CommandError && e.code === ErrorCode.NotAuthoritative) return null;
+    if (e instanceof HostleaseError) throw e;
+    return null;
+  } finally {
+    const stamped = room.stamp({ q: 1 });
+    const body: { q: number } | null = room.acceptStamped(stamped);
+    console.log(body?.q);
+    room.close();
+  }
+}

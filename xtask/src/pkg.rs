@@ -1,0 +1,110 @@
+//! Packaging smoke: the built package imported by Node ESM (node's test runner), bundled by
+//! esbuild and by Vite, and its types checked by `tsc` against a consumer file.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::tools::{node_bin, node_modules};
+use crate::{run, run_tests};
+
+/// Makes `import "hostlease"` from `pkg/test/` resolve to the built package.
+fn link_package(root: &Path) -> Result<(), String> {
+    let dir = root.join("pkg/test/node_modules");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let link = dir.join("hostlease");
+    if std::fs::symlink_metadata(&link).is_err() {
+        std::os::unix::fs::symlink("../..", &link).map_err(|e| format!("link hostlease: {e}"))?;
+    }
+    Ok(())
+}
+
+pub fn smoke(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
+    link_package(root)?;
+    let test = root.join("pkg/test");
+    let out = root.join("target/pkg-smoke");
+    let _ = std::fs::remove_dir_all(&out);
+
+    run_tests(
+        "Node ESM import (node --test)",
+        Command::new("node")
+            .current_dir(&test)
+            .args(["--test", "node-smoke.test.mjs"]),
+        totals,
+    )?;
+
+    run(
+        "esbuild bundle",
+        Command::new(node_bin(root, "esbuild"))
+            .current_dir(&test)
+            .args([
+                "bundle-entry.js",
+                "--bundle",
+                "--format=esm",
+                "--platform=browser",
+            ])
+            .arg(format!(
+                "--outfile={}",
+                out.join("esbuild/out.js").display()
+            )),
+    )?;
+    let bundled = std::fs::read_to_string(out.join("esbuild/out.js")).map_err(|e| e.to_string())?;
+    if !bundled.contains("hostlease_bg.wasm") || !bundled.contains("HostleaseError") {
+        return Err("the esbuild bundle lacks the wasm loader or the wrapper".into());
+    }
+
+    run(
+        "vite build",
+        Command::new(node_bin(root, "vite"))
+            .current_dir(test.join("vite"))
+            .args(["build", "--logLevel", "warn", "--outDir"])
+            .arg(out.join("vite"))
+            .env("NODE_PATH", node_modules(root)),
+    )?;
+    let assets =
+        std::fs::read_dir(out.join("vite/assets")).map_err(|e| format!("vite output: {e}"))?;
+    if !assets
+        .filter_map(Result::ok)
+        .any(|e| e.file_name().to_string_lossy().ends_with(".wasm"))
+    {
+        return Err("the Vite build emitted no .wasm asset".into());
+    }
+
+    let tsc = |file: &str| {
+        Command::new(node_bin(root, "tsc"))
+            .current_dir(&test)
+            .args([
+                "--noEmit",
+                "--strict",
+                "--target",
+                "es2022",
+                "--module",
+                "esnext",
+                "--moduleResolution",
+                "bundler",
+                "--lib",
+                "es2022,dom",
+                "--skipLibCheck",
+                "false",
+            ])
+            .arg(file)
+            .output()
+            .map_err(|e| format!("tsc: {e}"))
+    };
+    eprintln!("\n==> tsc --noEmit against the consumer files");
+    let good = tsc("consumer.ts")?;
+    if !good.status.success() {
+        return Err(format!(
+            "tsc rejected consumer.ts:\n{}",
+            String::from_utf8_lossy(&good.stdout)
+        ));
+    }
+    let bad = tsc("consumer-bad.ts")?;
+    let text = String::from_utf8_lossy(&bad.stdout);
+    if bad.status.success() || !text.contains("nosuchfield") || !text.contains("TS2322") {
+        return Err(format!(
+            "tsc accepted misuse in consumer-bad.ts (the types are too loose):\n{text}"
+        ));
+    }
+    eprintln!("types: consumer.ts accepted, consumer-bad.ts rejected as it should be");
+    Ok(())
+}

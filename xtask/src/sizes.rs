@@ -1,0 +1,88 @@
+//! Sizes of the built package (raw, gzip -9, brotli q11) and the size budget.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::output;
+
+pub const FILES: &[&str] = &[
+    "pkg/wasm/hostlease_bg.wasm",
+    "pkg/wasm/hostlease.js",
+    "pkg/index.js",
+];
+const BUDGET: &str = "pkg/size-budget.json";
+
+pub struct Sizes {
+    /// `(file, raw, gzip, brotli)`
+    pub files: Vec<(String, u64, u64, u64)>,
+}
+
+impl Sizes {
+    pub fn brotli_total(&self) -> u64 {
+        self.files.iter().map(|f| f.3).sum()
+    }
+}
+
+/// Node's zlib does the compression, so the numbers match what a CDN would serve.
+pub fn measure(root: &Path) -> Result<Sizes, String> {
+    let script = r#"
+const fs = require("fs"), z = require("zlib");
+for (const f of process.argv.slice(1)) {
+  const b = fs.readFileSync(f);
+  const gz = z.gzipSync(b, { level: 9 }).length;
+  const br = z.brotliCompressSync(b, { params: { [z.constants.BROTLI_PARAM_QUALITY]: 11 } }).length;
+  console.log(`${f}\t${b.length}\t${gz}\t${br}`);
+}"#;
+    let text = output(
+        Command::new("node")
+            .current_dir(root)
+            .arg("-e")
+            .arg(script)
+            .args(FILES),
+    )?;
+    let files = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split('\t');
+            let name = it.next()?.to_owned();
+            let mut n = || it.next()?.parse::<u64>().ok();
+            Some((name, n()?, n()?, n()?))
+        })
+        .collect::<Vec<_>>();
+    if files.len() != FILES.len() {
+        return Err(format!("could not measure the package: {text}"));
+    }
+    Ok(Sizes { files })
+}
+
+pub fn print(s: &Sizes) {
+    eprintln!("\n| file | raw | gzip | brotli |\n|---|---:|---:|---:|");
+    for (f, raw, gz, br) in &s.files {
+        eprintln!("| {f} | {raw} | {gz} | {br} |");
+    }
+    let t = |i: usize| -> u64 { s.files.iter().map(|f| [f.1, f.2, f.3][i]).sum() };
+    eprintln!("| **total** | {} | {} | {} |", t(0), t(1), t(2));
+}
+
+/// Fails when the package grew past the budget in `pkg/size-budget.json`.
+pub fn check_budget(root: &Path, s: &Sizes) -> Result<(), String> {
+    let text = std::fs::read_to_string(root.join(BUDGET)).map_err(|e| format!("{BUDGET}: {e}"))?;
+    let budget: u64 = text
+        .split("\"brotli_bytes\"")
+        .nth(1)
+        .and_then(|r| {
+            r.trim_start_matches([' ', ':'])
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+        })
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("{BUDGET} has no brotli_bytes"))?;
+    let total = s.brotli_total();
+    eprintln!("package: {total} bytes brotli, budget {budget}");
+    if total > budget {
+        return Err(format!(
+            "the package is {total} bytes brotli, over its budget of {budget} ({BUDGET})"
+        ));
+    }
+    Ok(())
+}
