@@ -279,6 +279,7 @@ export class Room {
   get __test() {
     return {
       rawSend: (frame) => this._driver.rawSend(typeof frame === "string" ? frame : JSON.stringify(frame)),
+      rawStaleHostCommand: (action, payload = null) => this._driver.rawStaleHostCommand(action, JSON.stringify(payload)),
       dropConnection: () => this._driver.dropConnection(),
       relay: (peerId, assignment) => this._onRelay(peerId, assignment),
     };

@@ -903,3 +903,23 @@ fn backoff_is_capped_full_jitter_and_honours_retry_after() {
     let (mut r1, mut r2) = (SplitMix64::new(42), SplitMix64::new(42));
     assert_eq!(b.delay_ms(2, &mut r1), b.delay_ms(2, &mut r2));
 }
+
+#[test]
+fn a_stale_rejection_of_a_command_we_did_not_send_still_resyncs() {
+    let mut v = live("a", "a", 2);
+    let outcome = Outcome::Rejected {
+        code: RejectCode::StaleEpoch,
+        current: Some(assignment(3, 3, Some("b")).into()),
+        retry_after_ms: None,
+    };
+    let (t, _) = server(
+        &mut v,
+        20,
+        ServerMsg::CommandResult {
+            id: IdempotencyKey::new("raw-1").unwrap(),
+            outcome,
+        },
+    );
+    assert_eq!(v.epoch(), Some(Epoch(3)));
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
+}

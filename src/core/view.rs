@@ -945,7 +945,17 @@ impl HostView {
 
     fn handle_result(&mut self, now: Instant, id: IdempotencyKey, outcome: Outcome) {
         let Some(i) = self.commands.iter().position(|c| c.id == id) else {
-            return; // a late duplicate of a result already handled
+            // Not ours (a late duplicate, or a frame someone sent around the SDK). A rejection
+            // still tells us the view is behind: adopt what it carries and reload.
+            if let Outcome::Rejected { code, current, .. } = outcome {
+                if let Some(a) = current {
+                    self.adopt(a, Source::Server);
+                }
+                if matches!(code, RejectCode::StaleEpoch | RejectCode::NotHost) {
+                    self.request_resync(now, false);
+                }
+            }
+            return;
         };
         match outcome {
             Outcome::Accepted { seq } => {

@@ -129,6 +129,9 @@ struct State {
     out: Vec<String>,
     closed: bool,
     lifecycle: Vec<Listener>,
+    /// The newest host token seen on the wire, kept only for the raw-send test hook that proves
+    /// the server refuses a deposed host's command.
+    last_host_token: Option<(Token, Epoch)>,
 }
 
 #[derive(Serialize)]
@@ -375,7 +378,18 @@ impl State {
                 step(&rc, |s, _| {
                     let now = s.now();
                     match protocol::decode_server(&text) {
-                        Ok(msg) => s.view.handle_server(now, msg),
+                        Ok(msg) => {
+                            if let protocol::ServerMsg::Capability {
+                                role: protocol::Role::Host,
+                                token,
+                                epoch: Some(epoch),
+                                ..
+                            } = &msg
+                            {
+                                s.last_host_token = Some((token.clone(), *epoch));
+                            }
+                            s.view.handle_server(now, msg)
+                        }
                         Err(protocol::DecodeError::UnknownType) => {} // a newer server's message
                         Err(e) => s.push(JsEvent::Error {
                             code: e.code(),
@@ -538,6 +552,7 @@ impl Driver {
             out: Vec::new(),
             closed: false,
             lifecycle: Vec::new(),
+            last_host_token: None,
         };
         let inner = Rc::new(RefCell::new(state));
         let weak = Rc::downgrade(&inner);
@@ -678,6 +693,28 @@ impl Driver {
         s.socket
             .as_ref()
             .is_some_and(|sock| sock.ws.send_with_str(text).is_ok())
+    }
+
+    /// Test hook: sends a host command with the newest host token this session ever held and
+    /// that token's epoch, bypassing the SDK's gate (as a deposed host's stale tab would).
+    /// Returns the idempotency key used, or `undefined` when no host token was ever held.
+    #[wasm_bindgen(js_name = rawStaleHostCommand)]
+    pub fn raw_stale_host_command(&self, action: &str, payload: &str) -> Option<String> {
+        let s = self.inner.borrow();
+        let (token, epoch) = s.last_host_token.clone()?;
+        let action = Action::new(action).ok()?;
+        let payload = codec::decode_body(payload, codec::MAX_CLIENT_FRAME).ok()?;
+        let id = IdempotencyKey::new(format!("raw-{}", js_sys::Date::now() as u64)).ok()?;
+        let msg = protocol::ClientMsg::Command {
+            id: id.clone(),
+            action,
+            payload,
+            epoch: Some(epoch),
+            capability: token,
+        };
+        let sock = s.socket.as_ref()?;
+        sock.ws.send_with_str(&protocol::encode_client(&msg)).ok()?;
+        Some(id.as_str().to_owned())
     }
 
     /// Test hook: closes the socket as if the network dropped it.

@@ -1,0 +1,79 @@
+// The page the browser tests drive: one room per page, every event recorded, and WebRTC data
+// channels to the other members (signalling relayed by the server) attached to the SDK.
+import * as hl from "/index.js";
+
+const log = [];
+let room = null;
+const peers = new Map(); // peer id → RTCPeerConnection
+
+function record(type, payload) {
+  const entry = { type, at: Date.now() };
+  if (payload instanceof Error) entry.error = { name: payload.name, code: payload.code, isError: true, message: payload.message };
+  else entry.payload = payload;
+  log.push(entry);
+}
+
+function peerConnection(peerId, initiator) {
+  const pc = new RTCPeerConnection({ iceServers: [] });
+  peers.set(peerId, pc);
+  pc.onicecandidate = (e) => e.candidate && room.signal(peerId, { candidate: e.candidate.toJSON() });
+  const attach = (channel) => {
+    channel.addEventListener("open", () => record("peer_open", { peer: peerId }));
+    room.attachPeer(peerId, channel);
+  };
+  if (initiator) {
+    attach(pc.createDataChannel("hostlease"));
+    pc.createOffer().then((o) => pc.setLocalDescription(o)).then(() => room.signal(peerId, { sdp: pc.localDescription.toJSON() }));
+  } else {
+    pc.ondatachannel = (e) => attach(e.channel);
+  }
+  return pc;
+}
+
+async function onSignal({ from, data }) {
+  let pc = peers.get(from);
+  if (data.sdp) {
+    if (!pc) pc = peerConnection(from, false);
+    await pc.setRemoteDescription(data.sdp);
+    if (data.sdp.type === "offer") {
+      await pc.setLocalDescription(await pc.createAnswer());
+      room.signal(from, { sdp: pc.localDescription.toJSON() });
+    }
+  } else if (data.candidate && pc) {
+    await pc.addIceCandidate(data.candidate).catch(() => {});
+  }
+}
+
+function meshWith(members) {
+  const me = room.view.me;
+  for (const m of members) {
+    // The lower id offers, so each pair connects once.
+    if (m.id !== me && me < m.id && !peers.has(m.id)) peerConnection(m.id, true);
+  }
+}
+
+window.T = {
+  log,
+  async start({ url, room: name, token, tokens, webrtc = true }) {
+    await hl.init();
+    let i = 0;
+    const getToken = tokens ? () => tokens[Math.min(i++, tokens.length - 1)] : undefined;
+    room = await hl.connect({ url, room: name, token, getToken });
+    for (const t of ["host", "provisional", "members", "event", "discontinuity", "connection", "lease", "command", "relay", "error"]) {
+      room.on(t, (p) => record(t, p));
+    }
+    room.on("signal", (s) => onSignal(s).catch((e) => record("rtc_error", { message: String(e) })));
+    if (webrtc) room.on("members", ({ members }) => meshWith(members));
+    return true;
+  },
+  view: () => room.view,
+  command: (action, payload) => room.command(action, payload).then(
+    (r) => ({ ok: r }),
+    (e) => ({ err: { name: e.name, code: e.code, isError: e instanceof Error, isHostlease: e instanceof hl.HostleaseError } })),
+  staleHostCommand: (action, payload) => room.__test.rawStaleHostCommand(action, payload),
+  relay: (peer, assignment) => room.__test.relay(peer, assignment),
+  addThrowingListener: (type) => room.on(type, () => { throw new Error("listener bug"); }),
+  openPeers: () => [...peers.entries()].filter(([, pc]) => pc.connectionState === "connected").map(([id]) => id),
+  close: () => room.close(),
+};
+window.T.ready = true;

@@ -1,0 +1,76 @@
+// A fault-injecting TCP proxy on loopback: cut, hold and restore the connections of one client.
+// (Playwright's setOffline does not cut WebSockets or WebRTC.)
+import net from "node:net";
+
+export class FaultProxy {
+  constructor(targetPort, targetHost = "127.0.0.1") {
+    this.target = { port: targetPort, host: targetHost };
+    this.pairs = new Set();
+    this.blocked = false;
+    this.held = false;
+    this.server = net.createServer((client) => this._accept(client));
+  }
+
+  listen() {
+    return new Promise((resolve) => this.server.listen(0, "127.0.0.1", () => resolve(this.server.address().port)));
+  }
+
+  _accept(client) {
+    if (this.blocked) return client.destroy();
+    const upstream = net.connect(this.target);
+    const pair = { client, upstream };
+    this.pairs.add(pair);
+    const end = () => {
+      client.destroy();
+      upstream.destroy();
+      this.pairs.delete(pair);
+    };
+    client.on("error", end).on("close", end);
+    upstream.on("error", end).on("close", end);
+    client.pipe(upstream);
+    upstream.pipe(client);
+    if (this.held) this._pause(pair);
+  }
+
+  _pause(p) {
+    p.client.pause();
+    p.upstream.pause();
+    p.client.unpipe(p.upstream);
+    p.upstream.unpipe(p.client);
+  }
+
+  /** Destroys every connection and refuses new ones until `restore()`. */
+  cut() {
+    this.blocked = true;
+    for (const p of this.pairs) {
+      p.client.destroy();
+      p.upstream.destroy();
+    }
+    this.pairs.clear();
+  }
+
+  /** Stops forwarding (bytes wait in the kernel buffers) without closing anything. */
+  hold() {
+    this.held = true;
+    for (const p of this.pairs) this._pause(p);
+  }
+
+  /** Accepts and forwards again. */
+  restore() {
+    this.blocked = false;
+    if (this.held) {
+      this.held = false;
+      for (const p of this.pairs) {
+        p.client.pipe(p.upstream);
+        p.upstream.pipe(p.client);
+        p.client.resume();
+        p.upstream.resume();
+      }
+    }
+  }
+
+  close() {
+    this.cut();
+    return new Promise((r) => this.server.close(() => r()));
+  }
+}
