@@ -1,0 +1,181 @@
+// The built package in real Chromium (playwright-core, Debian's browser) against the real
+// hostlease-server, inside a loopback-only network namespace (see `cargo xtask test`).
+// Each page reaches the server through its own fault-injecting TCP proxy.
+//
+// Waits are for conditions, with generous bounds; nothing asserts that something was fast.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { chromium } from "playwright-core";
+import { FaultProxy } from "./harness/proxy.mjs";
+import { serveStatic } from "./harness/static.mjs";
+import { startServer } from "./harness/server.mjs";
+
+const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+  "--allow-loopback-in-peer-connection", "--disable-dev-shm-usage"];
+
+let browser, statics, srv;
+
+before(async () => {
+  statics = await serveStatic();
+  srv = await startServer();
+  browser = await chromium.launch({ executablePath: "/usr/bin/chromium", headless: true, chromiumSandbox: false, args: ARGS });
+});
+
+after(async () => {
+  await browser?.close();
+  await srv?.stop();
+  statics?.server.close();
+});
+
+async function until(what, fn, { timeout = 30_000, every = 100 } = {}) {
+  const end = Date.now() + timeout;
+  let last;
+  while (Date.now() < end) {
+    last = await fn();
+    if (last) return last;
+    await new Promise((r) => setTimeout(r, every));
+  }
+  throw new Error(`timed out waiting for ${what}; last: ${JSON.stringify(last)}`);
+}
+
+/** Opens a page for participant `pid` in `room`, connected through its own proxy. */
+async function member(room, pid, { webrtc = true, tokenTtl } = {}) {
+  const ctx = await browser.newContext();
+  await ctx.grantPermissions(["microphone", "camera"]);
+  const page = await ctx.newPage();
+  page.on("pageerror", (e) => console.error(`[${pid}] pageerror`, e));
+  const proxy = new FaultProxy(srv.port);
+  const port = await proxy.listen();
+  await page.goto(`http://127.0.0.1:${statics.port}/`);
+  await page.waitForFunction(() => window.T?.ready);
+  const tokens = [];
+  for (let i = 0; i < 20; i++) tokens.push(await srv.mintToken(room, pid, tokenTtl));
+  await page.evaluate((o) => window.T.start(o), { url: `ws://127.0.0.1:${port}`, room, tokens, webrtc });
+  return { pid, page, proxy, ctx, view: () => page.evaluate(() => window.T.view()), log: () => page.evaluate(() => window.T.log) };
+}
+
+async function closeAll(...ms) {
+  for (const m of ms) {
+    await m.ctx.close().catch(() => {});
+    await m.proxy.close();
+  }
+}
+
+const live = (m) => until(`${m.pid} live`, async () => (await m.view()).phase === "live");
+const amHost = (m) => until(`${m.pid} host authority`, async () => (await m.view()).amHost);
+
+let roomNo = 0;
+const newRoom = () => `room-${process.pid}-${++roomNo}`;
+
+test("the first member becomes host and its host command succeeds with its token", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await amHost(a);
+  const b = await member(room, "bob", { webrtc: false });
+  await live(b);
+  const [va, vb] = [await a.view(), await b.view()];
+  assert.equal(va.host, "alice");
+  assert.equal(vb.host, "alice");
+  assert.equal(va.epoch, vb.epoch);
+  assert.equal(vb.amHost, false);
+  const r = await a.page.evaluate(() => window.T.command("poll.open", { question: "Lunch?", options: ["pizza", "soup"] }));
+  assert.ok(r.ok, JSON.stringify(r));
+  const notHost = await b.page.evaluate(() => window.T.command("poll.open", { question: "mine?" }));
+  assert.equal(notHost.err.code, "NotHost");
+  assert.ok(notHost.err.isError && notHost.err.isHostlease);
+  // Bob sees Alice's event, once.
+  await until("bob sees the poll", async () => (await b.log()).some((e) => e.type === "event" && e.payload.action === "poll.open"));
+  await closeAll(a, b);
+});
+
+test("after a failover the old host is refused locally and, sent raw, by the server", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await amHost(a);
+  const b = await member(room, "bob", { webrtc: false });
+  await live(b);
+  const before = (await a.view()).epoch;
+  // Alice's connection dies silently; her lease lapses; Bob is elected.
+  a.proxy.hold();
+  await until("bob elected", async () => (await b.view()).host === "bob" && (await b.view()).amHost, { timeout: 60_000 });
+  // Alice's SDK stops acting by itself (its local lease ran out before the server's).
+  const local = await a.page.evaluate(() => window.T.command("poll.close", {}));
+  assert.ok(["LeaseExpired", "NotAuthoritative", "NotHost"].includes(local.err?.code), JSON.stringify(local));
+  a.proxy.restore();
+  a.proxy.cut(); // the held connection is dead anyway: drop it so the SDK reconnects
+  a.proxy.restore();
+  await until("alice resynced to the new epoch", async () => {
+    const v = await a.view();
+    return v.phase === "live" && v.epoch > before && v.host === "bob";
+  }, { timeout: 60_000 });
+  const refused = await a.page.evaluate(() => window.T.command("poll.close", {}));
+  assert.equal(refused.err?.code, "NotHost");
+  // Sent raw with her old token and epoch, the server refuses it and the poll is untouched.
+  const id = await a.page.evaluate(() => window.T.staleHostCommand("poll.close", {}));
+  assert.ok(id, "alice held a host token before");
+  await until("alice's stale command refused and resynced", async () => (await a.log()).filter((e) => e.type === "connection" && e.payload.phase === "resyncing").length > 0);
+  const events = (await b.log()).filter((e) => e.type === "event" && e.payload.action === "poll.close");
+  assert.equal(events.length, 0, "a stale host command took effect");
+  await closeAll(a, b);
+});
+
+test("server unreachable: the same provisional coordinator everywhere; back: authoritative, queued votes once", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice");
+  await amHost(a);
+  const b = await member(room, "bob");
+  const c = await member(room, "carol");
+  await Promise.all([live(b), live(c)]);
+  await until("mesh", async () => (await a.page.evaluate(() => window.T.openPeers())).length === 2, { timeout: 60_000 });
+  const epoch = (await a.view()).epoch;
+  for (const m of [a, b, c]) m.proxy.cut();
+  const coords = await Promise.all([a, b, c].map((m) => until(`${m.pid} provisional`, async () => (await m.view()).provisional)));
+  assert.deepEqual(coords, ["alice", "alice", "alice"]);
+  for (const m of [a, b, c]) {
+    const r = await m.page.evaluate(() => window.T.command("poll.open", { q: "offline?" }));
+    assert.equal(r.err?.code, "NotAuthoritative");
+  }
+  const votes = [b, c].map((m) => m.page.evaluate(() => window.T.command("vote", { option: 1 })));
+  await until("votes pending", async () => (await b.view()).pending.some((p) => p.queued));
+  for (const m of [a, b, c]) m.proxy.restore();
+  const results = await Promise.all(votes);
+  for (const r of results) assert.ok(r.ok, JSON.stringify(r));
+  for (const m of [a, b, c]) {
+    await live(m);
+    const v = await m.view();
+    assert.ok(v.epoch >= epoch, "the epoch went back");
+    assert.equal(v.provisional, null);
+    const voteEvents = (await m.log()).filter((e) => e.type === "event" && e.payload.action === "vote");
+    await until(`${m.pid} sees both votes`, async () => (await m.log()).filter((e) => e.type === "event" && e.payload.action === "vote").length >= 2);
+    const seqs = (await m.log()).filter((e) => e.type === "event").map((e) => e.payload.seq);
+    assert.deepEqual(seqs, [...new Set(seqs)].sort((x, y) => x - y), `${m.pid}: events applied twice or out of order`);
+    void voteEvents;
+  }
+  await closeAll(a, b, c);
+});
+
+test("a forged relayed assignment is dropped; every error is an Error with a code; a throwing listener does not stop delivery", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await amHost(a);
+  const b = await member(room, "bob", { webrtc: false });
+  await live(b);
+  await b.page.evaluate(() => window.T.addThrowingListener("event"));
+  const signed = (await a.view()).signed;
+  assert.ok(signed?.sig, "the server signs assignments");
+  const forged = { ...signed, host: "bob", session: (await b.view()).session, epoch: signed.epoch + 1 };
+  await b.page.evaluate((f) => window.T.relay("alice", f), forged);
+  await until("forged relay reported", async () => (await b.log()).some((e) => e.type === "relay" && e.payload.reason === "forged"));
+  const vb = await b.view();
+  assert.equal(vb.host, "alice");
+  assert.equal(vb.epoch, signed.epoch);
+  const errors = (await b.log()).filter((e) => e.type === "error");
+  assert.ok(errors.length > 0 && errors.every((e) => e.error?.isError && typeof e.error.code === "string"));
+  // Delivery continues past the throwing listener.
+  await a.page.evaluate(() => window.T.command("poll.open", { q: "still?" }));
+  await until("bob still receives events", async () => (await b.log()).some((e) => e.type === "event"));
+  assert.ok((await b.log()).some((e) => e.type === "error" && e.error.code === "ListenerError"));
+  await closeAll(a, b);
+});

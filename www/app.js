@@ -1,0 +1,221 @@
+// The live-poll demo: the host opens and closes polls, members vote (participant commands, one
+// counted per member per poll), everyone sees who hosts, the epoch, the lease, and a timeline of
+// every assignment. Members also connect to each other over WebRTC data channels (signalling
+// relayed by the server) so that a provisional coordinator can be shown while the server is down.
+import { init, connect } from "./pkg/index.js";
+
+const $ = (id) => document.getElementById(id);
+let room = null;
+const peers = new Map();
+const state = { poll: null, votes: new Map(), pendingVotes: new Map(), timeline: [] };
+window.demo = { state, get room() { return room; } }; // for the end-to-end tests
+
+// ----- state from room events --------------------------------------------------------------
+
+function applyEvent(e) {
+  if (e.action === "poll.open") {
+    state.poll = { id: e.seq, question: e.payload.question, options: e.payload.options, open: true };
+    state.votes = new Map();
+  } else if (e.action === "poll.close" && state.poll) {
+    state.poll.open = false;
+  } else if (e.action === "vote" && state.poll && e.payload.poll === state.poll.id && state.poll.open) {
+    state.votes.set(e.actor, e.payload.option); // once per member: the latest choice counts
+  }
+  render();
+}
+
+// ----- rendering -------------------------------------------------------------------------------
+
+function render() {
+  if (!room) return;
+  const v = room.view;
+  $("status").dataset.phase = v.phase;
+  $("phase").textContent = v.phase;
+  $("host").textContent = v.host ?? "nobody";
+  $("epoch").textContent = v.epoch ?? "—";
+  $("lease").textContent = v.lease;
+  $("me").textContent = v.me ?? "—";
+  $("banner").hidden = v.phase !== "offline";
+  $("provisional").textContent = v.provisional ?? "nobody reachable";
+  for (const id of ["open", "close-poll", "transfer", "resign", "question", "options", "transfer-to"]) $(id).disabled = !v.amHost;
+  $("host-card").dataset.amHost = String(v.amHost);
+
+  const others = v.members.filter((m) => m.id !== v.me);
+  const sel = $("transfer-to");
+  const keep = sel.value;
+  sel.replaceChildren(...[...new Set(others.map((m) => m.id))].map((id) => new Option(id, id)));
+  if (keep) sel.value = keep;
+  $("members").replaceChildren(...v.members.map((m) => {
+    const li = document.createElement("li");
+    li.textContent = `${m.name || m.id}${m.id === v.me ? " (you)" : ""}`;
+    if (m.id === v.host && m.session === v.hostSession) li.className = "host";
+    return li;
+  }));
+
+  const p = state.poll;
+  $("poll-question").textContent = p ? p.question : "No poll yet";
+  $("poll-state").textContent = p ? (p.open ? "open — vote below" : "closed") : "the host can open one";
+  const counts = p ? p.options.map((_, i) => [...state.votes.values()].filter((o) => o === i).length) : [];
+  const total = Math.max(1, counts.reduce((a, b) => a + b, 0));
+  const mine = state.votes.get(v.me);
+  $("poll-options").replaceChildren(...(p ? p.options : []).map((opt, i) => {
+    const li = document.createElement("li");
+    const btn = document.createElement("button");
+    btn.textContent = opt;
+    btn.disabled = !p.open;
+    btn.dataset.option = String(i);
+    btn.onclick = () => vote(i);
+    const bar = document.createElement("div");
+    bar.className = "bar";
+    bar.style.width = `${(100 * counts[i]) / total}%`;
+    const n = document.createElement("span");
+    n.textContent = String(counts[i]);
+    n.className = "count";
+    const note = document.createElement("span");
+    const pending = [...state.pendingVotes.values()].some((pv) => pv.poll === p.id && pv.option === i);
+    note.className = pending ? "pending" : "muted";
+    note.textContent = pending ? "pending…" : mine === i ? "your vote" : "";
+    li.append(btn, bar, n, note);
+    return li;
+  }));
+
+  $("timeline").replaceChildren(...state.timeline.slice().reverse().map((t) => {
+    const li = document.createElement("li");
+    li.innerHTML = "";
+    const time = new Date(t.at).toLocaleTimeString();
+    li.append(`${time} · epoch ${t.epoch}: ${t.from ?? "nobody"} → ${t.to ?? "nobody"} `);
+    const r = document.createElement("span");
+    r.className = "reason";
+    r.textContent = `(${t.reason.replace("_", " ")}${t.via === "peer" ? ", via a peer" : ""})`;
+    li.append(r);
+    return li;
+  }));
+}
+
+function showError(el, e) {
+  el.hidden = false;
+  el.textContent = `${e.code ?? "error"}: ${e.message}`;
+  setTimeout(() => { el.hidden = true; }, 4000);
+}
+
+// ----- commands --------------------------------------------------------------------------------
+
+async function vote(option) {
+  const p = state.poll;
+  if (!p) return;
+  const key = `${p.id}:${option}:${Date.now()}`;
+  state.pendingVotes.set(key, { poll: p.id, option });
+  render();
+  try {
+    await room.command("vote", { poll: p.id, option });
+  } catch (e) {
+    showError($("host-error"), e);
+  } finally {
+    state.pendingVotes.delete(key);
+    render();
+  }
+}
+
+async function hostCommand(action, payload) {
+  try {
+    await room.command(action, payload);
+  } catch (e) {
+    showError($("host-error"), e);
+  }
+}
+
+$("open-form").onsubmit = (ev) => {
+  ev.preventDefault();
+  const options = $("options").value.split(",").map((s) => s.trim()).filter(Boolean).slice(0, 8);
+  if (options.length < 2) return showError($("host-error"), { code: "BadArgument", message: "give at least two options" });
+  hostCommand("poll.open", { question: $("question").value.trim(), options });
+};
+$("close-poll").onclick = () => hostCommand("poll.close", { poll: state.poll?.id ?? null });
+$("resign").onclick = () => hostCommand("host.resign", null);
+$("transfer").onclick = () => $("transfer-to").value && hostCommand("host.transfer", { to: $("transfer-to").value });
+
+// ----- WebRTC mesh -----------------------------------------------------------------------------
+
+function peerConnection(peerId, initiator) {
+  const pc = new RTCPeerConnection({ iceServers: window.HOSTLEASE_ICE_SERVERS ?? [] });
+  peers.set(peerId, pc);
+  pc.onicecandidate = (e) => e.candidate && room.signal(peerId, { candidate: e.candidate.toJSON() });
+  pc.onconnectionstatechange = () => {
+    if (["failed", "closed"].includes(pc.connectionState)) {
+      room.detachPeer(peerId);
+      peers.delete(peerId);
+    }
+  };
+  if (initiator) {
+    room.attachPeer(peerId, pc.createDataChannel("hostlease"));
+    pc.createOffer().then((o) => pc.setLocalDescription(o)).then(() => room.signal(peerId, { sdp: pc.localDescription.toJSON() }));
+  } else {
+    pc.ondatachannel = (e) => room.attachPeer(peerId, e.channel);
+  }
+  return pc;
+}
+
+async function onSignal({ from, data }) {
+  let pc = peers.get(from);
+  if (data.sdp) {
+    if (data.sdp.type === "offer" && pc) { pc.close(); peers.delete(from); pc = null; }
+    if (!pc) pc = peerConnection(from, false);
+    await pc.setRemoteDescription(data.sdp);
+    if (data.sdp.type === "offer") {
+      await pc.setLocalDescription(await pc.createAnswer());
+      room.signal(from, { sdp: pc.localDescription.toJSON() });
+    }
+  } else if (data.candidate && pc) {
+    await pc.addIceCandidate(data.candidate).catch(() => {});
+  }
+}
+
+function mesh() {
+  const v = room.view;
+  for (const m of v.members) if (m.id !== v.me && v.me < m.id && !peers.has(m.id)) peerConnection(m.id, true);
+}
+
+// ----- join ------------------------------------------------------------------------------------
+
+async function devToken(roomName, name) {
+  const res = await fetch("/v1/dev/token", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ room: roomName, name }),
+  });
+  if (!res.ok) throw Object.assign(new Error(`the dev token endpoint answered ${res.status}`), { code: "TokenUnavailable" });
+  const body = await res.json();
+  return { token: body.token, expiresAt: body.expires_at };
+}
+
+$("join-form").onsubmit = async (ev) => {
+  ev.preventDefault();
+  const roomName = $("room").value.trim();
+  const name = $("name").value.trim();
+  try {
+    await init();
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    room = await connect({ url: `${scheme}://${location.host}`, room: roomName, getToken: () => devToken(roomName, name) });
+  } catch (e) {
+    return showError($("join-error"), e);
+  }
+  $("join").hidden = true;
+  $("app").hidden = false;
+  history.replaceState(null, "", `?room=${encodeURIComponent(roomName)}&name=${encodeURIComponent(name)}`);
+  room.on("event", applyEvent);
+  room.on("host", (h) => {
+    const prev = state.timeline.at(-1);
+    state.timeline.push({ at: h.issuedAt || Date.now(), epoch: h.epoch, from: prev?.to ?? null, to: h.host, reason: h.reason, via: h.via });
+    render();
+  });
+  for (const t of ["members", "connection", "lease", "provisional", "command"]) room.on(t, render);
+  room.on("members", mesh);
+  room.on("signal", (s) => onSignal(s).catch(() => {}));
+  room.on("error", (e) => console.warn("hostlease:", e.code, e.message));
+  setInterval(render, 1000); // the lease countdown
+  render();
+};
+
+const params = new URLSearchParams(location.search);
+if (params.get("room")) $("room").value = params.get("room");
+if (params.get("name")) $("name").value = params.get("name");
