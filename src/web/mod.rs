@@ -119,6 +119,8 @@ struct State {
     /// The join token for the connection being opened (used once, in the hello).
     token: Option<Token>,
     timer: Option<i32>,
+    /// The instant `timer` is armed for.
+    timer_at: Option<Instant>,
     timer_cb: Option<Closure<dyn FnMut()>>,
     reconnect: Backoff,
     attempt: u32,
@@ -285,35 +287,43 @@ impl State {
         self.arm_timer(weak);
     }
 
+    /// Keeps one browser timer at the earliest of the core's timeout and the reconnect time.
+    /// Re-armed only when that instant changes; the one closure lives as long as the driver (it
+    /// may be the code running when the timer is re-armed, so it is never replaced).
     fn arm_timer(&mut self, weak: &Weak<RefCell<State>>) {
-        let window = match web_sys::window() {
-            Some(w) => w,
-            None => return,
+        let Some(window) = web_sys::window() else {
+            return;
         };
-        if let Some(t) = self.timer.take() {
-            window.clear_timeout_with_handle(t);
-        }
         let next = [self.view.poll_timeout(), self.reconnect_at]
             .into_iter()
             .flatten()
             .min();
+        if next == self.timer_at && (next.is_none() || self.timer.is_some()) {
+            return;
+        }
+        if let Some(t) = self.timer.take() {
+            window.clear_timeout_with_handle(t);
+        }
+        self.timer_at = next;
         let Some(next) = next else { return };
         let (now, _) = self.clock.now();
         let delay = next.ms_since(now).min(i32::MAX as u64) as i32;
-        let weak = weak.clone();
-        let cb = Closure::<dyn FnMut()>::new(move || {
-            if let Some(rc) = weak.upgrade() {
-                step(&rc, |s, w| {
-                    s.timer = None;
-                    let now = s.now();
-                    if s.reconnect_at.is_some_and(|t| now >= t) {
-                        s.reconnect_at = None;
-                        s.push(JsEvent::TokenNeeded);
-                    }
-                    s.view.handle_timeout(now);
-                    let _ = w;
-                });
-            }
+        let cb = self.timer_cb.get_or_insert_with(|| {
+            let weak = weak.clone();
+            Closure::<dyn FnMut()>::new(move || {
+                if let Some(rc) = weak.upgrade() {
+                    step(&rc, |s, _| {
+                        s.timer = None;
+                        s.timer_at = None;
+                        let now = s.now();
+                        if s.reconnect_at.is_some_and(|t| now >= t) {
+                            s.reconnect_at = None;
+                            s.push(JsEvent::TokenNeeded);
+                        }
+                        s.view.handle_timeout(now);
+                    });
+                }
+            })
         });
         if let Ok(id) = window.set_timeout_with_callback_and_timeout_and_arguments_0(
             cb.as_ref().unchecked_ref(),
@@ -321,7 +331,6 @@ impl State {
         ) {
             self.timer = Some(id);
         }
-        self.timer_cb = Some(cb);
     }
 
     /// The connection is gone (closed, failed or stalled): tell the core, plan the reconnect.
@@ -375,28 +384,7 @@ impl State {
                 return; // binary frames are not part of the protocol
             };
             if let Some(rc) = w.upgrade() {
-                step(&rc, |s, _| {
-                    let now = s.now();
-                    match protocol::decode_server(&text) {
-                        Ok(msg) => {
-                            if let protocol::ServerMsg::Capability {
-                                role: protocol::Role::Host,
-                                token,
-                                epoch: Some(epoch),
-                                ..
-                            } = &msg
-                            {
-                                s.last_host_token = Some((token.clone(), *epoch));
-                            }
-                            s.view.handle_server(now, msg)
-                        }
-                        Err(protocol::DecodeError::UnknownType) => {} // a newer server's message
-                        Err(e) => s.push(JsEvent::Error {
-                            code: e.code(),
-                            message: "a frame from the server could not be decoded",
-                        }),
-                    }
-                });
+                step(&rc, |s, _| s.handle_frame(&text));
             }
         });
         let w = weak.clone();
@@ -415,6 +403,31 @@ impl State {
             _close: close,
         });
         Ok(())
+    }
+
+    /// One text frame from the server: decode (same codec and limits as natively), then the core.
+    fn handle_frame(&mut self, text: &str) {
+        let s = self;
+        let now = s.now();
+        match protocol::decode_server(text) {
+            Ok(msg) => {
+                if let protocol::ServerMsg::Capability {
+                    role: protocol::Role::Host,
+                    token,
+                    epoch: Some(epoch),
+                    ..
+                } = &msg
+                {
+                    s.last_host_token = Some((token.clone(), *epoch));
+                }
+                s.view.handle_server(now, msg)
+            }
+            Err(protocol::DecodeError::UnknownType) => {} // a newer server's message
+            Err(e) => s.push(JsEvent::Error {
+                code: e.code(),
+                message: "a frame from the server could not be decoded",
+            }),
+        }
     }
 
     fn hook_lifecycle(&mut self, weak: &Weak<RefCell<State>>) {
@@ -540,6 +553,7 @@ impl Driver {
             retired: None,
             token: None,
             timer: None,
+            timer_at: None,
             timer_cb: None,
             reconnect: Backoff {
                 base_ms: 500,
@@ -715,6 +729,22 @@ impl Driver {
         let sock = s.socket.as_ref()?;
         sock.ws.send_with_str(&protocol::encode_client(&msg)).ok()?;
         Some(id.as_str().to_owned())
+    }
+
+    /// Benchmark and test hook: the core is told a connection opened (no socket is involved).
+    #[wasm_bindgen(js_name = simulateConnected)]
+    pub fn simulate_connected(&self) {
+        step(&self.inner, |s, _| {
+            let now = s.now();
+            s.view.handle_connected(now, Token::new("simulated"));
+        });
+    }
+
+    /// Benchmark and test hook: one server frame, through exactly the path a socket message
+    /// takes (decode → core → events to `emit`).
+    #[wasm_bindgen(js_name = handleFrame)]
+    pub fn handle_frame(&self, text: &str) {
+        step(&self.inner, |s, _| s.handle_frame(text));
     }
 
     /// Test hook: closes the socket as if the network dropped it.

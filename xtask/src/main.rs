@@ -354,6 +354,34 @@ fn bench(root: &Path) -> Result<(), String> {
         cargo()
             .current_dir(root)
             .args(["bench", "-p", "hostlease", "--bench", "core"]),
+    )?;
+    build(root)?;
+    // The anchors are installed into a bench-only folder, never into the package.
+    let anchors = root.join(".tools/bench");
+    if !anchors.join("node_modules/livekit-client").exists() {
+        std::fs::create_dir_all(&anchors).map_err(|e| e.to_string())?;
+        run(
+            "install the anchor SDKs into .tools/bench",
+            Command::new("npm")
+                .current_dir(&anchors)
+                .args([
+                    "install",
+                    "--no-audit",
+                    "--no-fund",
+                    "--no-save",
+                    "--prefix",
+                    ".",
+                ])
+                .args(["pusher-js@8", "ably@2", "livekit-client@2"]),
+        )?;
+    }
+    run(
+        "browser benchmarks in headless Chromium (sizes, load time, message cost)",
+        Command::new("node")
+            .current_dir(root)
+            .arg("pkg/bench/run.mjs")
+            .arg(tools::node_modules(root))
+            .arg(anchors.join("node_modules")),
     )
 }
 
