@@ -31,7 +31,7 @@ fn main() -> ExitCode {
         Some("test") => test(&root),
         Some("bench") => bench(&root),
         Some("build") => build(&root).map(|_| ()),
-        Some("demo") => demo(),
+        Some("demo") => demo(&root),
         _ => {
             eprintln!("usage: cargo xtask <test|build|bench|demo>");
             eprintln!(
@@ -39,7 +39,9 @@ fn main() -> ExitCode {
             );
             eprintln!("  test   fmt, clippy, every native test at full size, wasm check, dependency check");
             eprintln!("  bench  the core's benchmarks, as a table");
-            eprintln!("  demo   (arrives with the server and the demo app)");
+            eprintln!(
+                "  demo   build everything and run the live-poll demo on http://127.0.0.1:7700/"
+            );
             return ExitCode::from(2);
         }
     };
@@ -385,12 +387,60 @@ fn bench(root: &Path) -> Result<(), String> {
     )
 }
 
-fn demo() -> Result<(), String> {
-    Err(
-        "the demo arrives with the server and the live-poll app (issues 3 and 5); \
-         nothing to run yet"
-            .into(),
+/// Builds the package and the server, lays the demo out in `target/demo-www`, and runs the
+/// server on embedded SQLite in `./data/` with `--dev` (token minting for the demo) until Ctrl-C.
+fn demo(root: &Path) -> Result<(), String> {
+    build(root)?;
+    run(
+        "cargo build -p hostlease-server --release",
+        cargo()
+            .current_dir(root)
+            .args(["build", "-p", "hostlease-server", "--release"]),
+    )?;
+    let www = root.join("target/demo-www");
+    let _ = std::fs::remove_dir_all(&www);
+    copy_dir(&root.join("www"), &www)?;
+    std::fs::create_dir_all(www.join("pkg/wasm")).map_err(|e| e.to_string())?;
+    for f in ["index.js", "wasm/hostlease.js", "wasm/hostlease_bg.wasm"] {
+        std::fs::copy(root.join("pkg").join(f), www.join("pkg").join(f))
+            .map_err(|e| format!("copy {f}: {e}"))?;
+    }
+    std::fs::create_dir_all(root.join("data")).map_err(|e| e.to_string())?;
+    let listen = std::env::var("HOSTLEASE_DEMO_LISTEN").unwrap_or_else(|_| "127.0.0.1:7700".into());
+    eprintln!(
+        "\n  hostlease demo: open http://{listen}/ in two or three tabs, join the same room,"
+    );
+    eprintln!("  and close the host's tab to watch the host move. Ctrl-C stops the server.\n");
+    // The server handles SIGINT itself (graceful shutdown); Ctrl-C reaches both processes.
+    run(
+        "hostlease-server serve --dev",
+        Command::new(root.join("target/release/hostlease-server"))
+            .current_dir(root)
+            .args([
+                "serve",
+                "--db",
+                "sqlite://data/hostlease.db",
+                "--listen",
+                &listen,
+                "--dev",
+                "--www",
+            ])
+            .arg(&www),
     )
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(to).map_err(|e| e.to_string())?;
+    for entry in std::fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
 }
 
 mod pkg;
