@@ -134,6 +134,28 @@ function httpBase(url) {
   return u.origin;
 }
 
+/**
+ * GET with retries: exponential backoff with full jitter (250 ms doubling, capped at 8 s), never
+ * sooner than a 429/503 `Retry-After`. Gives up after `attempts`.
+ */
+async function fetchWithRetry(url, init = {}, attempts = 5) {
+  let last;
+  for (let attempt = 0; attempt < attempts; attempt++) {
+    try {
+      const res = await fetch(url, init);
+      if (res.status !== 429 && res.status !== 503) return res;
+      last = new Error(`HTTP ${res.status}`);
+      const after = Number(res.headers.get("retry-after"));
+      const jitter = Math.random() * Math.min(8_000, 250 * 2 ** attempt);
+      await new Promise((r) => setTimeout(r, Math.max(jitter, Number.isFinite(after) ? after * 1000 : 0)));
+    } catch (e) {
+      last = e;
+      await new Promise((r) => setTimeout(r, Math.random() * Math.min(8_000, 250 * 2 ** attempt)));
+    }
+  }
+  throw last;
+}
+
 const RELAY_TAG = "hostlease.relay";
 const TOKEN_REFRESH_EARLY_MS = 30_000;
 
@@ -431,7 +453,7 @@ export class Room {
   _loadKeys() {
     if (!this._keys) {
       this._keys = (async () => {
-        const res = await fetch(this._keysUrl);
+        const res = await fetchWithRetry(this._keysUrl);
         if (!res.ok) throw new Error(`keys: HTTP ${res.status}`);
         const body = await res.json();
         const keys = new Map();
