@@ -177,15 +177,26 @@ function mesh() {
 
 // ----- join ------------------------------------------------------------------------------------
 
+/** A participant id from the display name, unique per tab (so two tabs are two participants). */
+function participantId(name) {
+  const key = `hostlease-demo-id:${name}`;
+  let id = sessionStorage.getItem(key);
+  if (!id) {
+    id = `${name.toLowerCase().replace(/[^a-z0-9]+/g, "-").replace(/^-|-$/g, "").slice(0, 24) || "guest"}-${Math.random().toString(36).slice(2, 6)}`;
+    sessionStorage.setItem(key, id);
+  }
+  return id;
+}
+
 async function devToken(roomName, name) {
-  const res = await fetch("/v1/dev/token", {
+  const res = await fetch("/dev/token", {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ room: roomName, name }),
+    body: JSON.stringify({ room: roomName, participant: participantId(name), name, may_host: true }),
   });
   if (!res.ok) throw Object.assign(new Error(`the dev token endpoint answered ${res.status}`), { code: "TokenUnavailable" });
   const body = await res.json();
-  return { token: body.token, expiresAt: body.expires_at };
+  return { token: body.token, expiresAt: Date.now() + 3_600_000 };
 }
 
 $("join-form").onsubmit = async (ev) => {
