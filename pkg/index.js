@@ -186,7 +186,7 @@ export class Room {
     this._url = roomUrl(options.url, options.room);
     this._keysUrl = options.keysUrl ?? `${httpBase(this._url)}/v1/keys`;
     this._getToken = options.getToken ?? (() => options.token);
-    this._token = null; // { token, expiresAt? }
+    this._tokenCache = null; // { token, expiresAt? }
     this._refreshTimer = null;
     this._listeners = new Map();
     this._pending = new Map(); // idempotency key → { resolve, reject }
@@ -310,7 +310,7 @@ export class Room {
   // ----- internals -----------------------------------------------------------------------------
 
   async _token() {
-    const t = this._token;
+    const t = this._tokenCache;
     if (t && (t.expiresAt === undefined || t.expiresAt - Date.now() > TOKEN_REFRESH_EARLY_MS)) return t.token;
     return this._refreshToken();
   }
@@ -328,7 +328,7 @@ export class Room {
       this._emit("error", new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token"));
       return null;
     }
-    this._token = t;
+    this._tokenCache = t;
     clearTimeout(this._refreshTimer);
     if (typeof t.expiresAt === "number" && !this._closed) {
       // Refresh ahead of expiry so that a reconnect never waits on the app's backend.
@@ -415,7 +415,7 @@ export class Room {
         this._emit("signal", { from: e.from, fromSession: e.from_session, data: e.data });
         break;
       case "error": {
-        if (e.code === ErrorCode.Unauthorized) this._token = null; // fetch a fresh one next time
+        if (e.code === ErrorCode.Unauthorized) this._tokenCache = null; // fetch a fresh one next time
         const Cls = e.code === ErrorCode.ProtocolViolation ? ProtocolError : ConnectionError;
         this._emit("error", new Cls(e.code, e.message));
         break;

@@ -41,7 +41,7 @@ async function until(what, fn, { timeout = 30_000, every = 100 } = {}) {
 }
 
 /** Opens a page for participant `pid` in `room`, connected through its own proxy. */
-async function member(room, pid, { webrtc = true, tokenTtl } = {}) {
+async function member(room, pid, { webrtc = true, tokenTtl, tokenTtlMs } = {}) {
   const ctx = await browser.newContext();
   await ctx.grantPermissions(["microphone", "camera"]);
   const page = await ctx.newPage();
@@ -52,7 +52,7 @@ async function member(room, pid, { webrtc = true, tokenTtl } = {}) {
   await page.waitForFunction(() => window.T?.ready);
   const tokens = [];
   for (let i = 0; i < 20; i++) tokens.push(await srv.mintToken(room, pid, tokenTtl));
-  await page.evaluate((o) => window.T.start(o), { url: `ws://127.0.0.1:${port}`, room, tokens, webrtc });
+  await page.evaluate((o) => window.T.start(o), { url: `ws://127.0.0.1:${port}`, room, tokens, webrtc, tokenTtlMs });
   return { pid, page, proxy, ctx, view: () => page.evaluate(() => window.T.view()), log: () => page.evaluate(() => window.T.log) };
 }
 
@@ -178,4 +178,43 @@ test("a forged relayed assignment is dropped; every error is an Error with a cod
   await until("bob still receives events", async () => (await b.log()).some((e) => e.type === "event"));
   assert.ok((await b.log()).some((e) => e.type === "error" && e.error.code === "ListenerError"));
   await closeAll(a, b);
+});
+
+test("a reconnect resyncs: events made while cut off are applied once, in order", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await amHost(a);
+  const b = await member(room, "bob", { webrtc: false });
+  await live(b);
+  assert.ok((await a.page.evaluate(() => window.T.command("poll.open", { question: "q", options: ["x", "y"] }))).ok);
+  await until("bob has the poll", async () => (await b.log()).some((e) => e.type === "event"));
+  b.proxy.cut();
+  await until("bob offline", async () => (await b.view()).phase === "offline");
+  for (let i = 0; i < 5; i++) {
+    const r = await a.page.evaluate((n) => window.T.command("vote", { option: n % 2 }), i);
+    assert.ok(r.ok, JSON.stringify(r));
+  }
+  b.proxy.restore();
+  await live(b);
+  await until("bob caught up", async () => (await b.log()).filter((e) => e.type === "event").length >= 6);
+  const seqs = (await b.log()).filter((e) => e.type === "event").map((e) => e.payload.seq);
+  const aSeqs = (await a.log()).filter((e) => e.type === "event").map((e) => e.payload.seq);
+  assert.deepEqual(seqs, aSeqs, "bob's events differ from alice's");
+  assert.deepEqual(seqs, [...new Set(seqs)].sort((x, y) => x - y), "applied twice or out of order");
+  await closeAll(a, b);
+});
+
+test("the join token is refreshed before it expires, without dropping the connection", async () => {
+  const room = newRoom();
+  // Expiring in 35 s: the wrapper refreshes 30 s ahead, so after about 5 s.
+  const a = await member(room, "alice", { webrtc: false, tokenTtlMs: 35_000 });
+  await live(a);
+  await until("second token fetch", async () => (await a.log()).filter((e) => e.type === "token_fetch").length >= 2, { timeout: 30_000 });
+  const log = await a.log();
+  const phases = log.filter((e) => e.type === "connection").map((e) => e.payload.phase);
+  assert.ok(!phases.includes("offline"), `the refresh dropped the connection: ${phases}`);
+  const firstLive = log.find((e) => e.type === "connection" && e.payload.phase === "live").at;
+  const refresh = log.filter((e) => e.type === "token_fetch")[1].at;
+  assert.ok(refresh - firstLive < 35_000, "refreshed only after expiry");
+  await closeAll(a);
 });

@@ -54,10 +54,14 @@ function meshWith(members) {
 
 window.T = {
   log,
-  async start({ url, room: name, token, tokens, webrtc = true }) {
+  async start({ url, room: name, token, tokens, webrtc = true, tokenTtlMs }) {
     await hl.init();
     let i = 0;
-    const getToken = tokens ? () => tokens[Math.min(i++, tokens.length - 1)] : undefined;
+    const getToken = tokens ? () => {
+      const t = tokens[Math.min(i++, tokens.length - 1)];
+      record("token_fetch", { n: i });
+      return tokenTtlMs ? { token: t, expiresAt: Date.now() + tokenTtlMs } : t;
+    } : undefined;
     room = await hl.connect({ url, room: name, token, getToken });
     for (const t of ["host", "provisional", "members", "event", "discontinuity", "connection", "lease", "command", "relay", "error"]) {
       room.on(t, (p) => record(t, p));
