@@ -28,12 +28,15 @@ CREATE TABLE log (
 -- worked off once for durable notification.
 CREATE TABLE outbox (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
-    dedup_key   TEXT NOT NULL UNIQUE,
+    -- 'assignment' (dedup key room:epoch) or 'event' (dedup key room:seq).
+    kind        TEXT NOT NULL,
+    dedup_key   TEXT NOT NULL,
     room        TEXT NOT NULL,
     seq         INTEGER NOT NULL,
     item        TEXT NOT NULL,
     created_at  INTEGER NOT NULL,
-    notified_at INTEGER
+    notified_at INTEGER,
+    UNIQUE (kind, dedup_key)
 );
 CREATE INDEX outbox_pending ON outbox (id) WHERE notified_at IS NULL;
 

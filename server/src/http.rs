@@ -135,8 +135,10 @@ async fn ws_upgrade(
         Ok(r) => r,
         Err(e) => return e,
     };
-    ws.max_message_size(MAX_CLIENT_FRAME)
-        .max_frame_size(MAX_CLIENT_FRAME)
+    // Twice the protocol limit at the transport, so that an oversized frame reaches the
+    // session and is answered with a typed `frame_too_large` error before the close.
+    ws.max_message_size(2 * MAX_CLIENT_FRAME)
+        .max_frame_size(2 * MAX_CLIENT_FRAME)
         .on_upgrade(move |socket| crate::ws::run(app, room, socket))
 }
 

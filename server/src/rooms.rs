@@ -255,7 +255,12 @@ impl App {
                 return Ok(());
             }
             let members = room.members();
-            let next = elect(members.iter()).map(|m| (m.id.clone(), m.session.clone()));
+            // A session that let its lease lapse is passed over while another eligible member
+            // is connected; alone, it is granted again (a new grant, so a new epoch).
+            let others = elect(members.iter().filter(|m| Some(&m.session) != row.session.as_ref()));
+            let next = others
+                .or_else(|| elect(members.iter()))
+                .map(|m| (m.id.clone(), m.session.clone()));
             let reason = if row.host.is_some() {
                 Reason::LeaseLapsed
             } else if next.is_none() {

@@ -236,8 +236,12 @@ async fn append(
         .execute(&mut *c)
         .await?;
     sqlx::query(
-        "INSERT INTO outbox (dedup_key, room, seq, item, created_at) VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO outbox (kind, dedup_key, room, seq, item, created_at) VALUES (?, ?, ?, ?, ?, ?)",
     )
+    .bind(match item {
+        Item::Assignment(_) => "assignment",
+        Item::Event(_) => "event",
+    })
     .bind(dedup_key)
     .bind(room.as_str())
     .bind(seq.0 as i64)
