@@ -404,6 +404,11 @@ impl Store for SqliteStore {
     async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let now = store_now(&mut tx).await?;
+        // A room that never had a host still takes participant commands.
+        sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
+            .bind(req.room.as_str())
+            .execute(&mut *tx)
+            .await?;
         let row = read_room(&mut tx, &req.room).await?;
         let current = row.as_ref().and_then(|r| r.current.clone());
         let reject = |code: RejectCode| CommandDone {
