@@ -175,7 +175,11 @@ async fn command(
         .and_then(|v| v.to_str().ok())
         .and_then(|k| IdempotencyKey::new(k).ok());
     let Some(key) = key else {
-        return (StatusCode::BAD_REQUEST, "missing or invalid Idempotency-Key").into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            "missing or invalid Idempotency-Key",
+        )
+            .into_response();
     };
     let text = String::from_utf8_lossy(&body);
     let req: CommandRequest = match decode_body(&text, MAX_CLIENT_FRAME) {
@@ -187,7 +191,14 @@ async fn command(
         _ => return (StatusCode::SERVICE_UNAVAILABLE, "room unavailable").into_response(),
     };
     let outcome = crate::ws::command(
-        &app, &hub, None, &token, key, req.action, req.payload, req.epoch,
+        &app,
+        &hub,
+        None,
+        &token,
+        key,
+        req.action,
+        req.payload,
+        req.epoch,
     )
     .await;
     app.release(&hub).await;
@@ -225,7 +236,10 @@ async fn inbox(
     let Some(token) = bearer(&headers) else {
         return (StatusCode::UNAUTHORIZED, "missing bearer join token").into_response();
     };
-    let claims: JoinClaims = match app.join_keys.verify::<JoinClaims>(JOIN_PREFIX, token.expose()) {
+    let claims: JoinClaims = match app
+        .join_keys
+        .verify::<JoinClaims>(JOIN_PREFIX, token.expose())
+    {
         Ok(c) if c.room == room && c.exp > crate::tokens::now_ms() => c,
         _ => return (StatusCode::FORBIDDEN, "join token refused").into_response(),
     };
@@ -336,9 +350,15 @@ async fn admin_reassign(
     }
     .map(|m| (m.id.clone(), m.session.clone()));
     if body.to.is_some() && next.is_none() {
-        return (StatusCode::NOT_FOUND, "participant not connected or may not host").into_response();
+        return (
+            StatusCode::NOT_FOUND,
+            "participant not connected or may not host",
+        )
+            .into_response();
     }
-    let epoch = row.as_ref().map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch);
+    let epoch = row
+        .as_ref()
+        .map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch);
     let req = app.grant_req(&hub, epoch, next, Reason::Admin, false);
     let res = app.grant(req, row.as_ref(), &correlation_id()).await;
     drop(_g);
@@ -393,10 +413,16 @@ async fn admin_kick(
         }
     }
     for s in &sessions {
-        let _ = app.replace_host(&hub, s, Reason::Kicked, &correlation_id()).await;
+        let _ = app
+            .replace_host(&hub, s, Reason::Kicked, &correlation_id())
+            .await;
     }
     app.release(&hub).await;
-    (StatusCode::OK, Json(serde_json::json!({"kicked": sessions.len()}))).into_response()
+    (
+        StatusCode::OK,
+        Json(serde_json::json!({"kicked": sessions.len()})),
+    )
+        .into_response()
 }
 
 /// `POST /v1/admin/rooms/{room}/close`: a hostless grant (reason `closed`); every session is
@@ -421,7 +447,8 @@ async fn admin_close(
             close: true,
             ..app.grant_req(
                 &hub,
-                row.as_ref().map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch),
+                row.as_ref()
+                    .map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch),
                 None,
                 Reason::Closed,
                 false,
@@ -439,7 +466,10 @@ async fn admin_close(
         message: "room closed".into(),
     });
     // Let the publisher deliver the closing assignment before the sockets close.
-    tokio::time::sleep(std::time::Duration::from_millis(app.cfg.sweep_ms.min(200) * 2)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(
+        app.cfg.sweep_ms.min(200) * 2,
+    ))
+    .await;
     app.direct(&hub, |_| true, || Direct::Close(frame.clone()));
     app.release(&hub).await;
     match res {

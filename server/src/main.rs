@@ -10,7 +10,11 @@ use hostlease_server::tokens::{JoinClaims, Keypair, Verifier, JOIN_PREFIX};
 use hostlease_server::{App, Config};
 
 #[derive(Parser)]
-#[command(name = "hostlease-server", version, about = "The reference hostlease authority")]
+#[command(
+    name = "hostlease-server",
+    version,
+    about = "The reference hostlease authority"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -48,7 +52,11 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    #[arg(long, env = "HOSTLEASE_DB", default_value = "sqlite://./data/hostlease.db")]
+    #[arg(
+        long,
+        env = "HOSTLEASE_DB",
+        default_value = "sqlite://./data/hostlease.db"
+    )]
     db: String,
     #[arg(long, env = "HOSTLEASE_LISTEN", default_value = "127.0.0.1:7700")]
     listen: String,
@@ -59,10 +67,18 @@ struct ServeArgs {
     #[arg(long, env = "HOSTLEASE_DEV")]
     dev: bool,
     /// The server's signing key file (created if missing).
-    #[arg(long, env = "HOSTLEASE_SERVER_KEY", default_value = "./data/server-key.json")]
+    #[arg(
+        long,
+        env = "HOSTLEASE_SERVER_KEY",
+        default_value = "./data/server-key.json"
+    )]
     server_key: PathBuf,
     /// App backend public keys that sign join tokens, as `kid:x` (base64url); repeatable.
-    #[arg(long = "app-public-key", env = "HOSTLEASE_APP_PUBLIC_KEYS", value_delimiter = ',')]
+    #[arg(
+        long = "app-public-key",
+        env = "HOSTLEASE_APP_PUBLIC_KEYS",
+        value_delimiter = ','
+    )]
     app_public_keys: Vec<String>,
     /// An app key file whose public half verifies join tokens (alternative to the above).
     #[arg(long, env = "HOSTLEASE_APP_KEY")]
@@ -77,10 +93,20 @@ struct ServeArgs {
     #[arg(long, env = "HOSTLEASE_SWEEP_MS", default_value_t = 100)]
     sweep_ms: u64,
     /// Host-only actions (comma-separated).
-    #[arg(long, env = "HOSTLEASE_HOST_ACTIONS", value_delimiter = ',', default_value = "poll.open,poll.close")]
+    #[arg(
+        long,
+        env = "HOSTLEASE_HOST_ACTIONS",
+        value_delimiter = ',',
+        default_value = "poll.open,poll.close"
+    )]
     host_actions: Vec<String>,
     /// Participant actions (comma-separated).
-    #[arg(long, env = "HOSTLEASE_PARTICIPANT_ACTIONS", value_delimiter = ',', default_value = "vote")]
+    #[arg(
+        long,
+        env = "HOSTLEASE_PARTICIPANT_ACTIONS",
+        value_delimiter = ',',
+        default_value = "vote"
+    )]
     participant_actions: Vec<String>,
     #[arg(long, env = "HOSTLEASE_MAX_ROOMS", default_value_t = 10_000)]
     max_rooms: usize,
@@ -102,7 +128,9 @@ struct ServeArgs {
 fn actions(v: &[String]) -> Result<Vec<hostlease::protocol::Action>, String> {
     v.iter()
         .filter(|s| !s.is_empty())
-        .map(|s| hostlease::protocol::Action::new(s.as_str()).map_err(|e| format!("action {s:?}: {e}")))
+        .map(|s| {
+            hostlease::protocol::Action::new(s.as_str()).map_err(|e| format!("action {s:?}: {e}"))
+        })
         .collect()
 }
 
@@ -111,9 +139,14 @@ fn main() -> std::process::ExitCode {
     let res = match cli.cmd {
         Cmd::Serve(a) => serve(a),
         Cmd::Keygen { out, kid_prefix } => keygen(out, &kid_prefix),
-        Cmd::Token { key, room, participant, ttl, name, may_host } => {
-            mint(key, room, participant, ttl, name, may_host)
-        }
+        Cmd::Token {
+            key,
+            room,
+            participant,
+            ttl,
+            name,
+            may_host,
+        } => mint(key, room, participant, ttl, name, may_host),
     };
     match res {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -131,11 +164,21 @@ fn keygen(out: PathBuf, prefix: &str) -> Result<(), String> {
     let k = Keypair::load_or_create(&out, prefix)?;
     let p = k.public();
     println!("wrote {}", out.display());
-    println!("public key (pass to serve --app-public-key): {}:{}", p.kid, p.x);
+    println!(
+        "public key (pass to serve --app-public-key): {}:{}",
+        p.kid, p.x
+    );
     Ok(())
 }
 
-fn mint(key: PathBuf, room: String, participant: String, ttl: u64, name: String, may_host: bool) -> Result<(), String> {
+fn mint(
+    key: PathBuf,
+    room: String,
+    participant: String,
+    ttl: u64,
+    name: String,
+    may_host: bool,
+) -> Result<(), String> {
     let k = Keypair::load(&key)?;
     let claims = JoinClaims {
         room: RoomId::new(room).map_err(|e| e.to_string())?,
@@ -153,9 +196,17 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if a.log_json {
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).json().init();
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .json()
+            .init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
     }
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     rt.block_on(async move {

@@ -146,11 +146,17 @@ impl App {
         let row = self.store.room(room).await?;
         let (current, seq, closed) = match &row {
             Some(r) => (
-                r.current.clone().unwrap_or_else(|| self.genesis(room, r.now)),
+                r.current
+                    .clone()
+                    .unwrap_or_else(|| self.genesis(room, r.now)),
                 r.seq,
                 r.closed,
             ),
-            None => (self.genesis(room, crate::tokens::now_ms()), Seq::ZERO, false),
+            None => (
+                self.genesis(room, crate::tokens::now_ms()),
+                Seq::ZERO,
+                false,
+            ),
         };
         let hub = Arc::new(Room {
             id: room.clone(),
@@ -257,7 +263,11 @@ impl App {
             let members = room.members();
             // A session that let its lease lapse is passed over while another eligible member
             // is connected; alone, it is granted again (a new grant, so a new epoch).
-            let others = elect(members.iter().filter(|m| Some(&m.session) != row.session.as_ref()));
+            let others = elect(
+                members
+                    .iter()
+                    .filter(|m| Some(&m.session) != row.session.as_ref()),
+            );
             let next = others
                 .or_else(|| elect(members.iter()))
                 .map(|m| (m.id.clone(), m.session.clone()));
@@ -463,6 +473,7 @@ async fn sweeper(app: Arc<App>) {
                 tracing::warn!(error = %e, "housekeeping failed");
             }
         }
-        metrics::gauge!("hostlease_connections").set(app.connections.load(Ordering::Relaxed) as f64);
+        metrics::gauge!("hostlease_connections")
+            .set(app.connections.load(Ordering::Relaxed) as f64);
     }
 }

@@ -127,7 +127,11 @@ pub fn request_hash(action: &Action, payload: &Value) -> String {
     let mut h = Sha256::new();
     h.update(action.as_str().as_bytes());
     h.update(b"\n");
-    h.update(serde_json::to_string(payload).unwrap_or_default().as_bytes());
+    h.update(
+        serde_json::to_string(payload)
+            .unwrap_or_default()
+            .as_bytes(),
+    );
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -209,7 +213,10 @@ async fn read_room(c: &mut SqliteConnection, room: &RoomId) -> StoreResult<Optio
     let q = format!(
         "SELECT host, session, epoch, seq, lease_expires, current, closed, {NOW} AS now FROM rooms WHERE room = ?"
     );
-    let r = sqlx::query(&q).bind(room.as_str()).fetch_optional(&mut *c).await?;
+    let r = sqlx::query(&q)
+        .bind(room.as_str())
+        .fetch_optional(&mut *c)
+        .await?;
     Ok(r.map(|r| room_from_row(room, &r)))
 }
 
@@ -305,7 +312,11 @@ async fn grant_in_tx(
         session: req.holder.as_ref().map(|h| h.1.clone()),
         epoch,
         seq,
-        lease_ms: if req.holder.is_some() { req.lease_ms } else { 0 },
+        lease_ms: if req.holder.is_some() {
+            req.lease_ms
+        } else {
+            0
+        },
         reason: req.reason,
         issued_at: ServerTime(now),
     };
@@ -317,7 +328,15 @@ async fn grant_in_tx(
         .execute(&mut *c)
         .await?;
     let dedup = format!("{}:{}", req.room, epoch.0);
-    append(c, &req.room, seq, &dedup, &Item::Assignment(signed.clone()), now).await?;
+    append(
+        c,
+        &req.room,
+        seq,
+        &dedup,
+        &Item::Assignment(signed.clone()),
+        now,
+    )
+    .await?;
     Ok(GrantOutcome::Won {
         assignment: signed,
         lease_expires,
@@ -594,7 +613,11 @@ impl Store for SqliteStore {
         Ok(rows
             .into_iter()
             .filter_map(|(id, room, item)| {
-                Some((id, RoomId::new(room).ok()?, serde_json::from_str(&item).ok()?))
+                Some((
+                    id,
+                    RoomId::new(room).ok()?,
+                    serde_json::from_str(&item).ok()?,
+                ))
             })
             .collect())
     }
@@ -623,8 +646,14 @@ impl Store for SqliteStore {
                 continue;
             };
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            let q = format!("UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL");
-            let claimed = sqlx::query(&q).bind(id).execute(&mut *tx).await?.rows_affected();
+            let q = format!(
+                "UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL"
+            );
+            let claimed = sqlx::query(&q)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
             if claimed == 0 {
                 tx.rollback().await?; // another process got it
                 continue;
@@ -693,8 +722,14 @@ impl Store for SqliteStore {
         let q = format!(
             "SELECT room FROM rooms WHERE host IS NOT NULL AND lease_expires <= {NOW} AND closed = 0 LIMIT ?"
         );
-        let rows: Vec<String> = sqlx::query_scalar(&q).bind(limit).fetch_all(&self.pool).await?;
-        Ok(rows.into_iter().filter_map(|r| RoomId::new(r).ok()).collect())
+        let rows: Vec<String> = sqlx::query_scalar(&q)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| RoomId::new(r).ok())
+            .collect())
     }
 
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()> {

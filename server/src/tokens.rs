@@ -69,7 +69,8 @@ impl Keypair {
     }
 
     pub fn from_json(text: &str) -> Result<Self, String> {
-        let f: KeyFile = serde_json::from_str(text).map_err(|_| "malformed key file".to_string())?;
+        let f: KeyFile =
+            serde_json::from_str(text).map_err(|_| "malformed key file".to_string())?;
         let bytes = URL_SAFE_NO_PAD
             .decode(f.secret.as_bytes())
             .map_err(|_| "malformed key secret".to_string())?;
@@ -142,7 +143,9 @@ impl Verifier {
         let bytes = URL_SAFE_NO_PAD
             .decode(pk.x.as_bytes())
             .map_err(|_| "bad public key".to_string())?;
-        let arr: [u8; 32] = bytes.try_into().map_err(|_| "bad public key length".to_string())?;
+        let arr: [u8; 32] = bytes
+            .try_into()
+            .map_err(|_| "bad public key length".to_string())?;
         let vk = VerifyingKey::from_bytes(&arr).map_err(|_| "bad public key".to_string())?;
         self.keys.insert(pk.kid.clone(), vk);
         Ok(())
@@ -183,8 +186,8 @@ impl Verifier {
         let sig_bytes = URL_SAFE_NO_PAD
             .decode(sig.as_bytes())
             .map_err(|_| TokenError::Malformed)?;
-        let sig =
-            ed25519_dalek::Signature::from_slice(&sig_bytes).map_err(|_| TokenError::BadSignature)?;
+        let sig = ed25519_dalek::Signature::from_slice(&sig_bytes)
+            .map_err(|_| TokenError::BadSignature)?;
         let signed_len = p.len() + 1 + body.len();
         vk.verify_strict(&token.as_bytes()[..signed_len], &sig)
             .map_err(|_| TokenError::BadSignature)?;

@@ -43,7 +43,11 @@ async fn close_with(sink: &mut Sink, code: ErrorCode, message: &str) {
     let _ = sink.send(frame(&error_msg(code, message))).await;
     let _ = sink
         .send(Message::Close(Some(CloseFrame {
-            code: if code == ErrorCode::Internal { 1011 } else { 1008 },
+            code: if code == ErrorCode::Internal {
+                1011
+            } else {
+                1008
+            },
             reason: code.as_str().into(),
         })))
         .await;
@@ -101,7 +105,12 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
     let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
     let _guard = ConnGuard(app.clone());
     if count > app.cfg.max_connections {
-        close_with(&mut sink, ErrorCode::TooManyConnections, "too many connections").await;
+        close_with(
+            &mut sink,
+            ErrorCode::TooManyConnections,
+            "too many connections",
+        )
+        .await;
         return;
     }
     // The first frame must be a hello, within a bounded time.
@@ -109,7 +118,12 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
     let text = match first {
         Ok(Some(Ok(Message::Text(t)))) => t,
         Ok(Some(Ok(Message::Binary(_)))) => {
-            close_with(&mut sink, ErrorCode::BadFrame, "binary frames are not accepted").await;
+            close_with(
+                &mut sink,
+                ErrorCode::BadFrame,
+                "binary frames are not accepted",
+            )
+            .await;
             return;
         }
         _ => {
@@ -120,8 +134,12 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
     let (token, resume) = match decode_client(text.as_str()) {
         Ok(ClientMsg::Hello { token, resume, .. }) => (token, resume),
         Ok(_) => {
-            close_with(&mut sink, ErrorCode::UnexpectedMessage, "the first frame must be hello")
-                .await;
+            close_with(
+                &mut sink,
+                ErrorCode::UnexpectedMessage,
+                "the first frame must be hello",
+            )
+            .await;
             return;
         }
         Err(e) => {
@@ -326,7 +344,11 @@ impl Conn {
 
     /// The welcome for `hello`/`resume`: the snapshot, and the items after `resume` up to it
     /// (bounded by `MAX_REPLAY`; older or trimmed ones are announced as a gap).
-    async fn welcome(&mut self, mut snapshot: hostlease::protocol::Snapshot, resume: Option<Seq>) -> bool {
+    async fn welcome(
+        &mut self,
+        mut snapshot: hostlease::protocol::Snapshot,
+        resume: Option<Seq>,
+    ) -> bool {
         let mut missed = Vec::new();
         let mut discontinuity = None;
         if let Some(cursor) = resume {
@@ -349,7 +371,8 @@ impl Conn {
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "log read failed");
-                        close_with(&mut self.sink, ErrorCode::Internal, "storage unavailable").await;
+                        close_with(&mut self.sink, ErrorCode::Internal, "storage unavailable")
+                            .await;
                         return false;
                     }
                 }
@@ -503,7 +526,12 @@ impl Conn {
         let f = match &b {
             Bcast::Item { frame, .. } | Bcast::Presence { frame } => frame.clone(),
         };
-        if self.sink.send(Message::Text(f.as_str().into())).await.is_err() {
+        if self
+            .sink
+            .send(Message::Text(f.as_str().into()))
+            .await
+            .is_err()
+        {
             return Flow::End(false);
         }
         if let Bcast::Item { item, .. } = b {
@@ -529,14 +557,23 @@ impl Conn {
             Some(Ok(Message::Close(_))) => return Flow::End(true),
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Flow::Continue,
             Some(Ok(Message::Binary(_))) => {
-                close_with(&mut self.sink, ErrorCode::BadFrame, "binary frames are not accepted")
-                    .await;
+                close_with(
+                    &mut self.sink,
+                    ErrorCode::BadFrame,
+                    "binary frames are not accepted",
+                )
+                .await;
                 return Flow::End(false);
             }
             Some(Err(_)) | None => return Flow::End(false),
         };
         if !self.bucket.take() {
-            close_with(&mut self.sink, ErrorCode::RateLimited, "message rate exceeded").await;
+            close_with(
+                &mut self.sink,
+                ErrorCode::RateLimited,
+                "message rate exceeded",
+            )
+            .await;
             return Flow::End(false);
         }
         if text.len() > MAX_CLIENT_FRAME {
@@ -553,7 +590,12 @@ impl Conn {
         };
         match msg {
             ClientMsg::Hello { .. } => {
-                close_with(&mut self.sink, ErrorCode::UnexpectedMessage, "hello came twice").await;
+                close_with(
+                    &mut self.sink,
+                    ErrorCode::UnexpectedMessage,
+                    "hello came twice",
+                )
+                .await;
                 Flow::End(false)
             }
             ClientMsg::Resume { cursor } => {
@@ -668,7 +710,11 @@ pub async fn command(
             return reject(RejectCode::BadRequest);
         };
         let members = room.members();
-        match elect(members.iter().filter(|m| m.id == to && m.session != claims.sid)) {
+        match elect(
+            members
+                .iter()
+                .filter(|m| m.id == to && m.session != claims.sid),
+        ) {
             Some(m) => Some(Some((m.id.clone(), m.session.clone()))),
             None => return reject(RejectCode::BadRequest),
         }

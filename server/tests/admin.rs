@@ -15,14 +15,36 @@ async fn admin_reassign_kick_and_close() {
     let srv = start(test_config()).await;
     let base = format!("http://{}/v1/admin/rooms/adm", srv.addr);
     let http = reqwest::Client::new();
-    let mut a = Sdk::join(srv.addr, "adm", join_token(&srv.app_key, "adm", "alice", true)).await;
+    let mut a = Sdk::join(
+        srv.addr,
+        "adm",
+        join_token(&srv.app_key, "adm", "alice", true),
+    )
+    .await;
     a.pump_until("alice host", |s| s.has_authority()).await;
-    let mut b = Sdk::join(srv.addr, "adm", join_token(&srv.app_key, "adm", "bob", true)).await;
-    b.pump_until("bob live", |s| s.view.phase() == Phase::Live).await;
-    let mut c = Sdk::join(srv.addr, "adm", join_token(&srv.app_key, "adm", "carol", true)).await;
-    c.pump_until("carol live", |s| s.view.phase() == Phase::Live).await;
+    let mut b = Sdk::join(
+        srv.addr,
+        "adm",
+        join_token(&srv.app_key, "adm", "bob", true),
+    )
+    .await;
+    b.pump_until("bob live", |s| s.view.phase() == Phase::Live)
+        .await;
+    let mut c = Sdk::join(
+        srv.addr,
+        "adm",
+        join_token(&srv.app_key, "adm", "carol", true),
+    )
+    .await;
+    c.pump_until("carol live", |s| s.view.phase() == Phase::Live)
+        .await;
 
-    let r = http.post(format!("{base}/reassign")).bearer_auth("wrong").send().await.unwrap();
+    let r = http
+        .post(format!("{base}/reassign"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     let r = http
         .post(format!("{base}/reassign"))
@@ -52,23 +74,55 @@ async fn admin_reassign_kick_and_close() {
     })
     .await;
     assert_eq!(a.view.assignment().unwrap().reason, Reason::Kicked);
-    assert!(c.events.iter().any(|e| matches!(e, hostlease::core::Event::ServerError(ErrorCode::Kicked))));
+    assert!(c
+        .events
+        .iter()
+        .any(|e| matches!(e, hostlease::core::Event::ServerError(ErrorCode::Kicked))));
 
     // Closing: hostless with reason closed, everyone closed, new joins refused.
-    let r = http.post(format!("{base}/close")).bearer_auth("admin-secret").send().await.unwrap();
+    let r = http
+        .post(format!("{base}/close"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let mut all = [&mut a, &mut b];
-    pump_all("room closed", &mut all, |x| x.iter().all(|s| s.view.phase() == Phase::Offline)).await;
-    let row = srv.app.store.room(&RoomId::new("adm").unwrap()).await.unwrap().unwrap();
+    pump_all("room closed", &mut all, |x| {
+        x.iter().all(|s| s.view.phase() == Phase::Offline)
+    })
+    .await;
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("adm").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(row.closed && row.host.is_none());
     let cur = row.current.unwrap().assignment;
     assert_eq!(cur.reason, Reason::Closed);
     let epoch_closed = cur.epoch;
-    let mut d = Raw::join(srv.addr, "adm", &join_token(&srv.app_key, "adm", "dan", true), None).await;
+    let mut d = Raw::join(
+        srv.addr,
+        "adm",
+        &join_token(&srv.app_key, "adm", "dan", true),
+        None,
+    )
+    .await;
     assert_eq!(d.until_closed().await, Some(ErrorCode::RoomClosed));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let row = srv.app.store.room(&RoomId::new("adm").unwrap()).await.unwrap().unwrap();
-    assert_eq!(row.epoch, epoch_closed, "a closed room is never granted again");
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("adm").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.epoch, epoch_closed,
+        "a closed room is never granted again"
+    );
 }
 
 #[tokio::test]
@@ -93,7 +147,10 @@ async fn racing_grants_have_exactly_one_winner() {
                     require_lapsed: false,
                     close: false,
                 };
-                matches!(app.store.grant(req, &app.keys).await.unwrap(), GrantOutcome::Won { .. })
+                matches!(
+                    app.store.grant(req, &app.keys).await.unwrap(),
+                    GrantOutcome::Won { .. }
+                )
             }));
         }
         let mut wins = 0;
@@ -108,8 +165,18 @@ async fn racing_grants_have_exactly_one_winner() {
 
 #[tokio::test]
 async fn renewal_of_the_live_host_does_not_move_the_epoch() {
-    let srv = start(hostlease_server::Config { lease_ms: 300, ..test_config() }).await;
-    let mut a = Raw::join(srv.addr, "ren", &join_token(&srv.app_key, "ren", "alice", true), None).await;
+    let srv = start(hostlease_server::Config {
+        lease_ms: 300,
+        ..test_config()
+    })
+    .await;
+    let mut a = Raw::join(
+        srv.addr,
+        "ren",
+        &join_token(&srv.app_key, "ren", "alice", true),
+        None,
+    )
+    .await;
     let mut confirms = 0;
     let deadline = tokio::time::Instant::now() + WAIT;
     // Several ttl periods of echoed probes: every confirm names epoch 1.
@@ -118,7 +185,8 @@ async fn renewal_of_the_live_host_does_not_move_the_epoch() {
         match a.next(Duration::from_secs(5)).await.expect("frame") {
             ServerMsg::LeaseProbe { nonce, epoch } => {
                 assert_eq!(epoch, Epoch(1));
-                a.send(&hostlease::protocol::ClientMsg::LeaseEcho { nonce }).await;
+                a.send(&hostlease::protocol::ClientMsg::LeaseEcho { nonce })
+                    .await;
             }
             ServerMsg::LeaseConfirm { epoch, .. } => {
                 assert_eq!(epoch, Epoch(1));
@@ -128,7 +196,13 @@ async fn renewal_of_the_live_host_does_not_move_the_epoch() {
             _ => {}
         }
     }
-    let row = srv.app.store.room(&RoomId::new("ren").unwrap()).await.unwrap().unwrap();
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("ren").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(row.epoch, Epoch(1));
 }
 
@@ -144,7 +218,16 @@ fn cli_keygen_token_and_graceful_shutdown() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("public key"));
     let out = std::process::Command::new(bin)
-        .args(["token", "--key", key.to_str().unwrap(), "--room", "r", "--participant", "p", "--may-host"])
+        .args([
+            "token",
+            "--key",
+            key.to_str().unwrap(),
+            "--room",
+            "r",
+            "--participant",
+            "p",
+            "--may-host",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -161,7 +244,10 @@ fn cli_keygen_token_and_graceful_shutdown() {
     let db = format!("sqlite://{}", dir.path().join("s.db").display());
     let mut p = spawn_proc(&db, dir.path(), "term", 1000, &[]);
     let pid = p.child.id();
-    let st = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
     assert!(st.success());
     let deadline = std::time::Instant::now() + WAIT;
     loop {
@@ -169,7 +255,10 @@ fn cli_keygen_token_and_graceful_shutdown() {
             assert!(status.success(), "exit status {status:?}");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "server did not stop on SIGTERM");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server did not stop on SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -26,8 +26,17 @@ async fn wait_host(r: &mut Raw) -> Granted {
         match m {
             ServerMsg::Welcome { session: s, .. } => session = Some(s),
             ServerMsg::LeaseProbe { nonce, .. } => r.send(&ClientMsg::LeaseEcho { nonce }).await,
-            ServerMsg::Capability { role: Role::Participant, token, .. } => participant = Some(token),
-            ServerMsg::Capability { role: Role::Host, token, epoch, .. } => {
+            ServerMsg::Capability {
+                role: Role::Participant,
+                token,
+                ..
+            } => participant = Some(token),
+            ServerMsg::Capability {
+                role: Role::Host,
+                token,
+                epoch,
+                ..
+            } => {
                 return Granted {
                     epoch: epoch.unwrap(),
                     host: token,
@@ -42,7 +51,11 @@ async fn wait_host(r: &mut Raw) -> Granted {
 
 async fn participant_token(r: &mut Raw) -> Token {
     r.until(|m| match m {
-        ServerMsg::Capability { role: Role::Participant, token, .. } => Some(token.clone()),
+        ServerMsg::Capability {
+            role: Role::Participant,
+            token,
+            ..
+        } => Some(token.clone()),
         _ => None,
     })
     .await
@@ -70,14 +83,28 @@ async fn cmd(r: &mut Raw, id: &str, action: &str, epoch: Option<Epoch>, token: &
     .await
 }
 
-fn cap(k: &Keypair, room: &str, sub: &str, sid: &SessionId, epoch: Option<Epoch>, exp: u64) -> Token {
+fn cap(
+    k: &Keypair,
+    room: &str,
+    sub: &str,
+    sid: &SessionId,
+    epoch: Option<Epoch>,
+    exp: u64,
+) -> Token {
     let claims = CapClaims {
         room: RoomId::new(room).unwrap(),
         sub: ParticipantId::new(sub).unwrap(),
         sid: sid.clone(),
-        role: if epoch.is_some() { Role::Host } else { Role::Participant },
+        role: if epoch.is_some() {
+            Role::Host
+        } else {
+            Role::Participant
+        },
         epoch,
-        actions: vec![Action::new("poll.open").unwrap(), Action::new("vote").unwrap()],
+        actions: vec![
+            Action::new("poll.open").unwrap(),
+            Action::new("vote").unwrap(),
+        ],
         exp,
         kid: k.kid.clone(),
     };
@@ -94,44 +121,162 @@ fn rejected(o: &Outcome) -> (RejectCode, bool) {
 #[tokio::test]
 async fn rejection_matrix_changes_no_state() {
     // A long sweep interval: a lapsed lease stays recorded, so the expired-lease check is reached.
-    let cfg = hostlease_server::Config { lease_ms: 1500, sweep_ms: 60_000, ..test_config() };
+    let cfg = hostlease_server::Config {
+        lease_ms: 1500,
+        sweep_ms: 60_000,
+        ..test_config()
+    };
     let srv = start(cfg).await;
     let room = RoomId::new("m").unwrap();
-    let mut a = Raw::join(srv.addr, "m", &join_token(&srv.app_key, "m", "alice", true), None).await;
+    let mut a = Raw::join(
+        srv.addr,
+        "m",
+        &join_token(&srv.app_key, "m", "alice", true),
+        None,
+    )
+    .await;
     // The sweeper is slow here, so the join's own election grants alice.
     let g = wait_host(&mut a).await;
-    let mut a2 = Raw::join(srv.addr, "m", &join_token(&srv.app_key, "m", "alice", true), None).await;
+    let mut a2 = Raw::join(
+        srv.addr,
+        "m",
+        &join_token(&srv.app_key, "m", "alice", true),
+        None,
+    )
+    .await;
     let _ = participant_token(&mut a2).await;
-    let mut b = Raw::join(srv.addr, "m", &join_token(&srv.app_key, "m", "bob", true), None).await;
+    let mut b = Raw::join(
+        srv.addr,
+        "m",
+        &join_token(&srv.app_key, "m", "bob", true),
+        None,
+    )
+    .await;
     let pb = participant_token(&mut b).await;
     let before = srv.app.store.room(&room).await.unwrap().unwrap();
     let now = hostlease_server::tokens::now_ms();
     let forger = Keypair::generate(srv.app.keys.kid.as_str());
 
     let cases: Vec<(&str, usize, Option<Epoch>, Token, RejectCode)> = vec![
-        ("forged", 0, Some(g.epoch), cap(&forger, "m", "alice", &g.session, Some(g.epoch), now + 60_000), RejectCode::BadCapability),
-        ("expired-token", 0, Some(g.epoch), cap(&srv.app.keys, "m", "alice", &g.session, Some(g.epoch), now - 1), RejectCode::BadCapability),
-        ("wrong-room", 0, Some(g.epoch), cap(&srv.app.keys, "other", "alice", &g.session, Some(g.epoch), now + 60_000), RejectCode::BadCapability),
-        ("stale-epoch-field", 0, Some(Epoch(0)), g.host.clone(), RejectCode::StaleEpoch),
-        ("stale-epoch-token", 0, None, cap(&srv.app.keys, "m", "alice", &g.session, Some(Epoch(0)), now + 60_000), RejectCode::StaleEpoch),
-        ("participant-token", 0, None, g.participant.clone(), RejectCode::ActionNotGranted),
-        ("bob-uses-alice-token", 1, Some(g.epoch), g.host.clone(), RejectCode::BadCapability),
-        ("bob-own-token", 1, None, pb.clone(), RejectCode::ActionNotGranted),
-        ("other-tab-uses-token", 2, Some(g.epoch), g.host.clone(), RejectCode::BadCapability),
+        (
+            "forged",
+            0,
+            Some(g.epoch),
+            cap(
+                &forger,
+                "m",
+                "alice",
+                &g.session,
+                Some(g.epoch),
+                now + 60_000,
+            ),
+            RejectCode::BadCapability,
+        ),
+        (
+            "expired-token",
+            0,
+            Some(g.epoch),
+            cap(
+                &srv.app.keys,
+                "m",
+                "alice",
+                &g.session,
+                Some(g.epoch),
+                now - 1,
+            ),
+            RejectCode::BadCapability,
+        ),
+        (
+            "wrong-room",
+            0,
+            Some(g.epoch),
+            cap(
+                &srv.app.keys,
+                "other",
+                "alice",
+                &g.session,
+                Some(g.epoch),
+                now + 60_000,
+            ),
+            RejectCode::BadCapability,
+        ),
+        (
+            "stale-epoch-field",
+            0,
+            Some(Epoch(0)),
+            g.host.clone(),
+            RejectCode::StaleEpoch,
+        ),
+        (
+            "stale-epoch-token",
+            0,
+            None,
+            cap(
+                &srv.app.keys,
+                "m",
+                "alice",
+                &g.session,
+                Some(Epoch(0)),
+                now + 60_000,
+            ),
+            RejectCode::StaleEpoch,
+        ),
+        (
+            "participant-token",
+            0,
+            None,
+            g.participant.clone(),
+            RejectCode::ActionNotGranted,
+        ),
+        (
+            "bob-uses-alice-token",
+            1,
+            Some(g.epoch),
+            g.host.clone(),
+            RejectCode::BadCapability,
+        ),
+        (
+            "bob-own-token",
+            1,
+            None,
+            pb.clone(),
+            RejectCode::ActionNotGranted,
+        ),
+        (
+            "other-tab-uses-token",
+            2,
+            Some(g.epoch),
+            g.host.clone(),
+            RejectCode::BadCapability,
+        ),
     ];
     let mut clients = [a, b, a2];
     for (name, i, epoch, token, want) in cases {
         let o = cmd(&mut clients[i], name, "poll.open", epoch, &token).await;
         assert_eq!(rejected(&o), (want, true), "case {name}");
         let row = srv.app.store.room(&room).await.unwrap().unwrap();
-        assert_eq!((row.seq, row.epoch), (before.seq, before.epoch), "case {name} changed state");
+        assert_eq!(
+            (row.seq, row.epoch),
+            (before.seq, before.epoch),
+            "case {name} changed state"
+        );
     }
     // A token for a session that is not the holder's (valid signature, right epoch): not host.
     let other_sid = SessionId::new("s-elsewhere").unwrap();
     let http = reqwest::Client::new();
     let resp = http
         .post(format!("http://{}/v1/rooms/m/commands", srv.addr))
-        .bearer_auth(cap(&srv.app.keys, "m", "alice", &other_sid, Some(g.epoch), now + 60_000).expose())
+        .bearer_auth(
+            cap(
+                &srv.app.keys,
+                "m",
+                "alice",
+                &other_sid,
+                Some(g.epoch),
+                now + 60_000,
+            )
+            .expose(),
+        )
         .header("Idempotency-Key", "http-wrong-session")
         .json(&serde_json::json!({"action": "poll.open", "payload": {}}))
         .send()
@@ -149,7 +294,14 @@ async fn rejection_matrix_changes_no_state() {
 
     // Expired lease on the store clock: alice stops echoing; a token that outlives the lease
     // (valid signature, right session and epoch) is refused with lease_expired.
-    let long = cap(&srv.app.keys, "m", "alice", &g.session, Some(g.epoch), now + 600_000);
+    let long = cap(
+        &srv.app.keys,
+        "m",
+        "alice",
+        &g.session,
+        Some(g.epoch),
+        now + 600_000,
+    );
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let row = srv.app.store.room(&room).await.unwrap().unwrap();
@@ -169,9 +321,21 @@ async fn rejection_matrix_changes_no_state() {
 async fn stale_host_token_after_resign_is_refused() {
     let srv = start(test_config()).await;
     let room = RoomId::new("st").unwrap();
-    let mut a = Raw::join(srv.addr, "st", &join_token(&srv.app_key, "st", "alice", true), None).await;
+    let mut a = Raw::join(
+        srv.addr,
+        "st",
+        &join_token(&srv.app_key, "st", "alice", true),
+        None,
+    )
+    .await;
     let g = wait_host(&mut a).await;
-    let mut b = Raw::join(srv.addr, "st", &join_token(&srv.app_key, "st", "bob", true), None).await;
+    let mut b = Raw::join(
+        srv.addr,
+        "st",
+        &join_token(&srv.app_key, "st", "bob", true),
+        None,
+    )
+    .await;
     let gb_task = tokio::spawn(async move {
         let g = wait_host(&mut b).await;
         (b, g)
@@ -185,7 +349,10 @@ async fn stale_host_token_after_resign_is_refused() {
     let (code, has_current) = rejected(&o);
     assert_eq!(code, RejectCode::StaleEpoch);
     assert!(has_current);
-    if let Outcome::Rejected { current: Some(c), .. } = &o {
+    if let Outcome::Rejected {
+        current: Some(c), ..
+    } = &o
+    {
         assert_eq!(c.assignment.epoch, gb.epoch);
         assert_eq!(c.assignment.host.as_ref().unwrap().as_str(), "bob");
     }
@@ -197,10 +364,18 @@ async fn stale_host_token_after_resign_is_refused() {
 async fn idempotent_retries_across_ws_and_http() {
     let srv = start(test_config()).await;
     let room = RoomId::new("idem").unwrap();
-    let mut b = Raw::join(srv.addr, "idem", &join_token(&srv.app_key, "idem", "bob", false), None).await;
+    let mut b = Raw::join(
+        srv.addr,
+        "idem",
+        &join_token(&srv.app_key, "idem", "bob", false),
+        None,
+    )
+    .await;
     let p = participant_token(&mut b).await;
     let o1 = cmd(&mut b, "k1", "vote", None, &p).await;
-    let Outcome::Accepted { seq } = o1 else { panic!("{o1:?}") };
+    let Outcome::Accepted { seq } = o1 else {
+        panic!("{o1:?}")
+    };
     let seq_after = srv.app.store.room(&room).await.unwrap().unwrap().seq;
 
     let http = reqwest::Client::new();
@@ -212,12 +387,28 @@ async fn idempotent_retries_across_ws_and_http() {
             .send()
     };
     // Same key, same request over HTTP: the recorded outcome, no new effect.
-    let r = post("k1", serde_json::json!({"action": "vote", "payload": {"n": "k1"}})).await.unwrap();
+    let r = post(
+        "k1",
+        serde_json::json!({"action": "vote", "payload": {"n": "k1"}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(r.json::<Outcome>().await.unwrap(), Outcome::Accepted { seq });
-    assert_eq!(srv.app.store.room(&room).await.unwrap().unwrap().seq, seq_after);
+    assert_eq!(
+        r.json::<Outcome>().await.unwrap(),
+        Outcome::Accepted { seq }
+    );
+    assert_eq!(
+        srv.app.store.room(&room).await.unwrap().unwrap().seq,
+        seq_after
+    );
     // Same key, different request: a conflict.
-    let r = post("k1", serde_json::json!({"action": "vote", "payload": {"n": "other"}})).await.unwrap();
+    let r = post(
+        "k1",
+        serde_json::json!({"action": "vote", "payload": {"n": "other"}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status(), 409);
     let o: Outcome = r.json().await.unwrap();
     assert_eq!(rejected(&o).0, RejectCode::IdempotencyConflict);
@@ -237,14 +428,27 @@ async fn idempotent_retries_across_ws_and_http() {
         })
         .await;
     assert_eq!(rejected(&o).0, RejectCode::IdempotencyConflict);
-    assert_eq!(srv.app.store.room(&room).await.unwrap().unwrap().seq, seq_after);
+    assert_eq!(
+        srv.app.store.room(&room).await.unwrap().unwrap().seq,
+        seq_after
+    );
 
     // A rejection that had no effect is not cached: the same key later succeeds.
     let forged = Keypair::generate(srv.app.keys.kid.as_str());
     let sid = SessionId::new("s-x").unwrap();
     let r = http
         .post(format!("http://{}/v1/rooms/idem/commands", srv.addr))
-        .bearer_auth(cap(&forged, "idem", "bob", &sid, None, hostlease_server::tokens::now_ms() + 60_000).expose())
+        .bearer_auth(
+            cap(
+                &forged,
+                "idem",
+                "bob",
+                &sid,
+                None,
+                hostlease_server::tokens::now_ms() + 60_000,
+            )
+            .expose(),
+        )
         .header("Idempotency-Key", "k2")
         .json(&serde_json::json!({"action": "vote", "payload": {"n": "k2"}}))
         .send()

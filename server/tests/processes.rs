@@ -22,7 +22,9 @@ async fn read_log(db: &str, room: &str) -> Vec<Item> {
         .await
         .unwrap();
     pool.close().await;
-    rows.iter().map(|s| serde_json::from_str(s).unwrap()).collect()
+    rows.iter()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect()
 }
 
 /// A member that answers probes; after each host grant it either leaves explicitly or goes
@@ -61,7 +63,11 @@ async fn churner(
                 ServerMsg::LeaseProbe { nonce, .. } if !silent => {
                     r.send(&ClientMsg::LeaseEcho { nonce }).await
                 }
-                ServerMsg::Capability { role: Role::Host, epoch: Some(e), .. } => {
+                ServerMsg::Capability {
+                    role: Role::Host,
+                    epoch: Some(e),
+                    ..
+                } => {
                     grants.push((e, session.clone().unwrap()));
                     if grants.len() % 2 == 0 {
                         r.send(&ClientMsg::Leave).await;
@@ -69,7 +75,15 @@ async fn churner(
                     }
                     silent = true; // let the lease lapse on the store clock
                 }
-                ServerMsg::Assignment(a) if silent && !a.assignment.names(&a.assignment.host.clone().unwrap_or_else(|| hostlease::protocol::ParticipantId::new("-").unwrap()), session.as_ref().unwrap()) => {
+                ServerMsg::Assignment(a)
+                    if silent
+                        && !a.assignment.names(
+                            &a.assignment.host.clone().unwrap_or_else(|| {
+                                hostlease::protocol::ParticipantId::new("-").unwrap()
+                            }),
+                            session.as_ref().unwrap(),
+                        ) =>
+                {
                     break; // someone else holds it now
                 }
                 _ => {}
@@ -119,15 +133,30 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
             _ => None,
         })
         .collect();
-    assert!(assignments.len() >= 6, "too few grants to be a race: {}", assignments.len());
+    assert!(
+        assignments.len() >= 6,
+        "too few grants to be a race: {}",
+        assignments.len()
+    );
     for (i, a) in assignments.iter().enumerate() {
-        assert_eq!(a.epoch, Epoch(i as u64 + 1), "epochs must move by exactly one");
+        assert_eq!(
+            a.epoch,
+            Epoch(i as u64 + 1),
+            "epochs must move by exactly one"
+        );
     }
     let seqs: Vec<u64> = items.iter().map(|i| i.seq().0).collect();
-    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "seq must be contiguous");
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "seq must be contiguous"
+    );
     for (e, s) in &by_epoch {
         let a = &assignments[(e.0 - 1) as usize];
-        assert_eq!(a.session.as_ref(), Some(s), "capability for epoch {e:?} went to a non-holder");
+        assert_eq!(
+            a.session.as_ref(),
+            Some(s),
+            "capability for epoch {e:?} went to a non-holder"
+        );
     }
     // No token in either process's log.
     let mut reassign_lines = 0;
@@ -137,7 +166,10 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
         for t in &tokens {
             assert!(!log.contains(t.as_str()), "a token leaked into {name}");
         }
-        assert!(!log.contains("hlj1.") && !log.contains("hlc1."), "token prefix in {name}");
+        assert!(
+            !log.contains("hlj1.") && !log.contains("hlc1."),
+            "token prefix in {name}"
+        );
     }
     // One structured line per committed reassignment, whichever process committed it.
     assert_eq!(reassign_lines, assignments.len());
@@ -157,7 +189,8 @@ async fn kill_9_and_restart_keeps_epochs_and_the_log() {
         })
         .await;
     a.send(&ClientMsg::LeaseEcho { nonce: epoch.0 }).await;
-    a.until(|m| matches!(m, ServerMsg::LeaseConfirm { .. }).then_some(())).await;
+    a.until(|m| matches!(m, ServerMsg::LeaseConfirm { .. }).then_some(()))
+        .await;
     assert_eq!(epoch.1, Epoch(1));
     p.child.kill().unwrap(); // SIGKILL
     p.child.wait().unwrap();
@@ -166,7 +199,9 @@ async fn kill_9_and_restart_keeps_epochs_and_the_log() {
     let mut b = Raw::join(p2.addr, "k", &join_token(&key, "k", "bob", true), Some(0)).await;
     let (snap, missed) = b
         .until(|m| match m {
-            ServerMsg::Welcome { snapshot, missed, .. } => Some((snapshot.clone(), missed.clone())),
+            ServerMsg::Welcome {
+                snapshot, missed, ..
+            } => Some((snapshot.clone(), missed.clone())),
             _ => None,
         })
         .await;
@@ -176,7 +211,12 @@ async fn kill_9_and_restart_keeps_epochs_and_the_log() {
     // After the dead host's lease lapses, bob is granted epoch 2 (never a reset to 1).
     let e = b
         .until(|m| match m {
-            ServerMsg::Assignment(a) if a.assignment.host.as_ref().is_some_and(|h| h.as_str() == "bob") => {
+            ServerMsg::Assignment(a)
+                if a.assignment
+                    .host
+                    .as_ref()
+                    .is_some_and(|h| h.as_str() == "bob") =>
+            {
                 Some(a.assignment.clone())
             }
             _ => None,

@@ -53,7 +53,9 @@ pub async fn start(cfg: Config) -> TestServer {
     let app_key = Keypair::generate("app-1");
     let join = Verifier::from_keys(&[app_key.public()]).expect("verifier");
     let app = App::new(cfg, Arc::new(store), Keypair::generate("srv-1"), join, None);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let a = app.clone();
     let task = tokio::spawn(async move {
@@ -84,7 +86,9 @@ pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 pub async fn connect(addr: SocketAddr, room: &str) -> Ws {
     let url = format!("ws://{addr}/v1/rooms/{room}/ws");
-    let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("connect");
+    let (ws, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("connect");
     ws
 }
 
@@ -276,7 +280,11 @@ impl Sdk {
 }
 
 /// Drives several SDK clients together until `cond` holds over all of them.
-pub async fn pump_all(what: &str, clients: &mut [&mut Sdk], mut cond: impl FnMut(&[&mut Sdk]) -> bool) {
+pub async fn pump_all(
+    what: &str,
+    clients: &mut [&mut Sdk],
+    mut cond: impl FnMut(&[&mut Sdk]) -> bool,
+) {
     let deadline = tokio::time::Instant::now() + WAIT;
     while !cond(clients) {
         if tokio::time::Instant::now() > deadline {
@@ -302,7 +310,13 @@ impl Drop for Proc {
     }
 }
 
-pub fn spawn_proc(db: &str, dir: &std::path::Path, name: &str, lease_ms: u64, extra: &[&str]) -> Proc {
+pub fn spawn_proc(
+    db: &str,
+    dir: &std::path::Path,
+    name: &str,
+    lease_ms: u64,
+    extra: &[&str],
+) -> Proc {
     let log = dir.join(format!("{name}.log"));
     let logf = std::fs::File::create(&log).expect("log file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_hostlease-server"))
@@ -333,7 +347,10 @@ pub fn spawn_proc(db: &str, dir: &std::path::Path, name: &str, lease_ms: u64, ex
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             if let Some(a) = line.strip_prefix("listening on ") {
                 let _ = tx.send(a.to_string());
             }
