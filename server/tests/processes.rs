@@ -76,20 +76,14 @@ async fn churner(
                     silent = true; // let the lease lapse on the store clock
                 }
                 ServerMsg::Assignment(a)
-                    if silent
-                        && !a.assignment.names(
-                            &a.assignment.host.clone().unwrap_or_else(|| {
-                                hostlease::protocol::ParticipantId::new("-").unwrap()
-                            }),
-                            session.as_ref().unwrap(),
-                        ) =>
+                    if silent && a.assignment.session.as_ref() != session.as_ref() =>
                 {
                     break; // someone else holds it now
                 }
                 _ => {}
             }
         }
-        tokens.extend(r.tokens.drain(..));
+        tokens.append(&mut r.tokens);
         drop(r);
     }
     (grants, tokens)
