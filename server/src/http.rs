@@ -106,6 +106,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/admin/rooms/{room}/reassign", post(admin_reassign))
         .route("/v1/admin/rooms/{room}/kick", post(admin_kick))
         .route("/v1/admin/rooms/{room}/close", post(admin_close))
+        .route("/v1/admin/rooms/{room}/ttl", post(admin_ttl))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_route));
     if app.cfg.dev {
@@ -427,6 +428,46 @@ async fn admin_kick(
         Json(serde_json::json!({"kicked": sessions.len()})),
     )
         .into_response()
+}
+
+#[derive(Deserialize)]
+struct TtlBody {
+    lease_ms: Option<u64>,
+}
+
+/// `POST /v1/admin/rooms/{room}/ttl {"lease_ms": n | null}`: the room's lease TTL, from the next
+/// grant or renewal on (`null`: back to the server default). At least 30 ms.
+async fn admin_ttl(
+    State(app): State<Arc<App>>,
+    Path(room): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<TtlBody>,
+) -> Response {
+    if !admin_ok(&app, &headers) {
+        return (StatusCode::UNAUTHORIZED, "admin key required").into_response();
+    }
+    let room = match room_id(&room) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if body
+        .lease_ms
+        .is_some_and(|t| !(30..=86_400_000).contains(&t))
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            "lease_ms must be within 30..=86400000",
+        )
+            .into_response();
+    }
+    match app.store.set_ttl(&room, body.lease_ms).await {
+        Ok(()) => (
+            StatusCode::OK,
+            Json(serde_json::json!({"lease_ms": body.lease_ms})),
+        )
+            .into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
+    }
 }
 
 /// `POST /v1/admin/rooms/{room}/close`: a hostless grant (reason `closed`); every session is

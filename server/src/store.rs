@@ -140,7 +140,8 @@ pub trait Store: Send + Sync + 'static {
     async fn now_ms(&self) -> StoreResult<u64>;
     async fn room(&self, room: &RoomId) -> StoreResult<Option<RoomRow>>;
     async fn grant(&self, req: GrantReq, signer: &Keypair) -> StoreResult<GrantOutcome>;
-    /// Renews a live lease; returns the new expiry on the store clock, `None` if it was not live.
+    /// Renews a live lease by the room's TTL (`lease_ms` unless the room overrides it); returns
+    /// the new expiry on the store clock and the TTL used, `None` if the lease was not live.
     async fn renew(
         &self,
         room: &RoomId,
@@ -148,7 +149,9 @@ pub trait Store: Send + Sync + 'static {
         host: &ParticipantId,
         session: &SessionId,
         lease_ms: u64,
-    ) -> StoreResult<Option<u64>>;
+    ) -> StoreResult<Option<(u64, u64)>>;
+    /// Sets (or clears) the room's TTL override; applies from the next grant or renewal.
+    async fn set_ttl(&self, room: &RoomId, ttl_ms: Option<u64>) -> StoreResult<()>;
     async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone>;
     /// Items with `after < seq <= upto`, oldest first, at most `limit` of the newest; and the
     /// lowest retained seq of the room.
@@ -276,10 +279,10 @@ async fn grant_in_tx(
     };
     let q = format!(
         "UPDATE rooms SET host = ?, session = ?, epoch = epoch + 1, seq = seq + 1, \
-         lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE {NOW} + ? END, lease_ms = ?, \
-         closed = closed OR ? \
+         lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE {NOW} + COALESCE(ttl_ms, ?) END, \
+         lease_ms = COALESCE(ttl_ms, ?), closed = closed OR ? \
          WHERE room = ? AND epoch = ?{lapsed} \
-         RETURNING epoch, seq, lease_expires, {NOW} AS now"
+         RETURNING epoch, seq, lease_expires, lease_ms, {NOW} AS now"
     );
     let (host, session) = match &req.holder {
         Some((h, s)) => (Some(h.as_str()), Some(s.as_str())),
@@ -305,6 +308,7 @@ async fn grant_in_tx(
     let epoch = Epoch(row.get::<i64, _>("epoch") as u64);
     let seq = Seq(row.get::<i64, _>("seq") as u64);
     let lease_expires = row.get::<i64, _>("lease_expires") as u64;
+    let lease_ms = row.get::<i64, _>("lease_ms") as u64;
     let now = row.get::<i64, _>("now") as u64;
     let a = Assignment {
         room: req.room.clone(),
@@ -312,11 +316,7 @@ async fn grant_in_tx(
         session: req.holder.as_ref().map(|h| h.1.clone()),
         epoch,
         seq,
-        lease_ms: if req.holder.is_some() {
-            req.lease_ms
-        } else {
-            0
-        },
+        lease_ms: if req.holder.is_some() { lease_ms } else { 0 },
         reason: req.reason,
         issued_at: ServerTime(now),
     };
@@ -401,23 +401,39 @@ impl Store for SqliteStore {
         host: &ParticipantId,
         session: &SessionId,
         lease_ms: u64,
-    ) -> StoreResult<Option<u64>> {
+    ) -> StoreResult<Option<(u64, u64)>> {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let q = format!(
-            "UPDATE rooms SET lease_expires = {NOW} + ? \
+            "UPDATE rooms SET lease_expires = {NOW} + COALESCE(ttl_ms, ?) \
              WHERE room = ? AND epoch = ? AND host = ? AND session = ? AND lease_expires > {NOW} \
-             RETURNING lease_expires"
+             RETURNING lease_expires, COALESCE(ttl_ms, ?)"
         );
-        let r: Option<i64> = sqlx::query_scalar(&q)
+        let r: Option<(i64, i64)> = sqlx::query_as(&q)
             .bind(lease_ms as i64)
             .bind(room.as_str())
             .bind(epoch.0 as i64)
             .bind(host.as_str())
             .bind(session.as_str())
+            .bind(lease_ms as i64)
             .fetch_optional(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(r.map(|v| v as u64))
+        Ok(r.map(|(e, t)| (e as u64, t as u64)))
+    }
+
+    async fn set_ttl(&self, room: &RoomId, ttl_ms: Option<u64>) -> StoreResult<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
+            .bind(room.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE rooms SET ttl_ms = ? WHERE room = ?")
+            .bind(ttl_ms.map(|t| t as i64))
+            .bind(room.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone> {

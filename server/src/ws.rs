@@ -219,6 +219,7 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
         session: session.clone(),
         sink,
         host_epoch: None,
+        host_ttl: app.cfg.lease_ms,
         probe_nonce: 0,
         next_probe: None,
         participant_refresh: Instant::now(),
@@ -262,6 +263,8 @@ struct Conn {
     sink: Sink,
     /// Set while the latest assignment names this session: the epoch being probed.
     host_epoch: Option<Epoch>,
+    /// The TTL of the current grant to this session (probe interval is a third of it).
+    host_ttl: u64,
     probe_nonce: u64,
     next_probe: Option<Instant>,
     participant_refresh: Instant,
@@ -387,6 +390,9 @@ impl Conn {
             }
         }
         let epoch = snapshot.current.assignment.epoch;
+        if names_me {
+            self.host_ttl = snapshot.current.assignment.lease_ms.max(3);
+        }
         let ok = self
             .send(&ServerMsg::Welcome {
                 you: self.me.clone(),
@@ -444,8 +450,7 @@ impl Conn {
             getrandom::fill(&mut b).expect("random source");
             u64::from_le_bytes(b) >> 11
         };
-        self.next_probe =
-            Some(Instant::now() + Duration::from_millis((self.app.cfg.lease_ms / 3).max(1)));
+        self.next_probe = Some(Instant::now() + Duration::from_millis((self.host_ttl / 3).max(1)));
         if self
             .send(&ServerMsg::LeaseProbe {
                 nonce: self.probe_nonce,
@@ -466,14 +471,20 @@ impl Conn {
         if nonce != self.probe_nonce {
             return Flow::Continue;
         }
-        let lease_ms = self.app.cfg.lease_ms;
         match self
             .app
             .store
-            .renew(&self.room.id, epoch, &self.me, &self.session, lease_ms)
+            .renew(
+                &self.room.id,
+                epoch,
+                &self.me,
+                &self.session,
+                self.app.cfg.lease_ms,
+            )
             .await
         {
-            Ok(Some(expires)) => {
+            Ok(Some((expires, lease_ms))) => {
+                self.host_ttl = lease_ms.max(3);
                 let mut actions = self.app.action_table().host;
                 actions.dedup();
                 let claims = CapClaims {
@@ -538,6 +549,7 @@ impl Conn {
             if let Item::Assignment(a) = item.as_ref() {
                 if a.assignment.names(&self.me, &self.session) {
                     // A new grant to this session: the assignment went first, the probe follows.
+                    self.host_ttl = a.assignment.lease_ms.max(3);
                     self.become_host(a.assignment.epoch);
                     if let Flow::End(e) = self.probe().await {
                         return Flow::End(e);

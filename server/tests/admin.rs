@@ -262,3 +262,61 @@ fn cli_keygen_token_and_graceful_shutdown() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[tokio::test]
+async fn per_room_ttl_applies_from_the_next_grant() {
+    let srv = start(test_config()).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("http://{}/v1/admin/rooms/ttl/ttl", srv.addr))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"lease_ms": 450}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut a = Raw::join(
+        srv.addr,
+        "ttl",
+        &join_token(&srv.app_key, "ttl", "alice", true),
+        None,
+    )
+    .await;
+    let asg = a
+        .until(|m| match m {
+            ServerMsg::Assignment(x) => Some(x.assignment.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(asg.lease_ms, 450);
+    let nonce = a
+        .until(|m| match m {
+            ServerMsg::LeaseProbe { nonce, .. } => Some(*nonce),
+            _ => None,
+        })
+        .await;
+    a.send(&hostlease::protocol::ClientMsg::LeaseEcho { nonce })
+        .await;
+    let remaining = a
+        .until(|m| match m {
+            ServerMsg::LeaseConfirm { remaining_ms, .. } => Some(*remaining_ms),
+            _ => None,
+        })
+        .await;
+    assert_eq!(remaining, 450);
+    // Another room keeps the server default.
+    let mut b = Raw::join(
+        srv.addr,
+        "dflt",
+        &join_token(&srv.app_key, "dflt", "bob", true),
+        None,
+    )
+    .await;
+    let asg = b
+        .until(|m| match m {
+            ServerMsg::Assignment(x) => Some(x.assignment.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(asg.lease_ms, 1500);
+}
