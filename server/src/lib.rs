@@ -9,6 +9,7 @@ pub mod http;
 pub mod rooms;
 pub mod store;
 pub mod tokens;
+pub mod webhook;
 pub mod ws;
 
 use std::net::SocketAddr;
@@ -40,6 +41,10 @@ pub struct Config {
     /// Items kept in each room's log (older ones are announced as a discontinuity).
     pub log_keep: i64,
     pub admin_key: Option<String>,
+    /// Durable notification by HTTP POST of every committed item (`http://` only).
+    pub webhook_url: Option<String>,
+    /// HMAC-SHA256 key of the webhook signature header.
+    pub webhook_secret: Option<String>,
     pub dev: bool,
     pub www: Option<PathBuf>,
 }
@@ -64,6 +69,8 @@ impl Default for Config {
             sweep_ms: 100,
             log_keep: 10_000,
             admin_key: None,
+            webhook_url: None,
+            webhook_secret: None,
             dev: false,
             www: None,
         }

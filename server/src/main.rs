@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Generate an Ed25519 key file (`{kid, secret}`) and print its public key.
     Keygen {
         /// Where to write the key file.
@@ -86,6 +86,12 @@ struct ServeArgs {
     /// Bearer key of the admin API (admin API disabled when unset).
     #[arg(long, env = "HOSTLEASE_ADMIN_KEY", hide_env_values = true)]
     admin_key: Option<String>,
+    /// POST every committed item to this `http://` URL (durable notification).
+    #[arg(long, env = "HOSTLEASE_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+    /// HMAC-SHA256 key of the webhook's `X-Hostlease-Signature` header.
+    #[arg(long, env = "HOSTLEASE_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
     /// Host lease TTL in milliseconds.
     #[arg(long, env = "HOSTLEASE_LEASE_MS", default_value_t = 6000)]
     lease_ms: u64,
@@ -137,7 +143,7 @@ fn actions(v: &[String]) -> Result<Vec<hostlease::protocol::Action>, String> {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Serve(a) => serve(a),
+        Cmd::Serve(a) => serve(*a),
         Cmd::Keygen { out, kid_prefix } => keygen(out, &kid_prefix),
         Cmd::Token {
             key,
@@ -210,7 +216,8 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     }
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
+        let mut store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
+        store.keep_for_webhook = a.webhook_url.is_some();
         let keys = Keypair::load_or_create(&a.server_key, "srv")?;
         let mut join_keys = Verifier::default();
         for s in &a.app_public_keys {
@@ -247,6 +254,8 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             http_burst: a.http_rate * 2.0,
             sweep_ms: a.sweep_ms,
             admin_key: a.admin_key,
+            webhook_url: a.webhook_url,
+            webhook_secret: a.webhook_secret,
             dev: a.dev,
             www: a.www,
             ..Config::default()

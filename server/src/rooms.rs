@@ -374,11 +374,15 @@ pub fn correlation_id() -> String {
 
 /// Starts the publisher, the notifier and the sweeper.
 pub fn spawn_background(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>> {
-    vec![
+    let mut v = vec![
         tokio::spawn(publisher(app.clone())),
         tokio::spawn(notifier(app.clone())),
-        tokio::spawn(sweeper(app)),
-    ]
+    ];
+    if app.cfg.webhook_url.is_some() {
+        v.push(tokio::spawn(crate::webhook::worker(app.clone())));
+    }
+    v.push(tokio::spawn(sweeper(app)));
+    v
 }
 
 /// Tails the outbox (commit order) and publishes every item to this process's subscribers. Every

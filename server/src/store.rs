@@ -26,6 +26,9 @@ pub const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) A
 /// How long idempotency records are kept (at least 24 h, as the design requires).
 pub const IDEMPOTENCY_RETENTION_MS: i64 = 48 * 3600 * 1000;
 
+/// Webhook deliveries of one outbox row give up after this many attempts.
+pub const WEBHOOK_MAX_ATTEMPTS: i64 = 12;
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 #[derive(Debug)]
@@ -173,6 +176,15 @@ pub trait Store: Send + Sync + 'static {
         online: &std::collections::HashSet<(RoomId, ParticipantId)>,
         limit: i64,
     ) -> StoreResult<usize>;
+    /// Claims up to `limit` outbox rows due for webhook delivery (for `claim_ms`, so that another
+    /// process does not send them meanwhile): `(id, dedup_key, item JSON, attempts)`.
+    async fn webhook_due(
+        &self,
+        limit: i64,
+        claim_ms: u64,
+    ) -> StoreResult<Vec<(i64, String, String, i64)>>;
+    /// Records a delivery attempt: done, or retry after `retry_ms`.
+    async fn webhook_result(&self, id: i64, delivered: bool, retry_ms: u64) -> StoreResult<()>;
     async fn remember_participant(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<()>;
     async fn inbox(
         &self,
@@ -190,6 +202,8 @@ pub trait Store: Send + Sync + 'static {
 
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// Keep outbox rows until their webhook is delivered (set when a webhook is configured).
+    pub keep_for_webhook: bool,
 }
 
 fn parse_id<T: TryFrom<String>>(s: Option<String>) -> Option<T> {
@@ -363,7 +377,10 @@ impl SqliteStore {
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            keep_for_webhook: false,
+        })
     }
 
     pub fn pool(&self) -> &SqlitePool {
@@ -698,6 +715,48 @@ impl Store for SqliteStore {
         Ok(n)
     }
 
+    async fn webhook_due(
+        &self,
+        limit: i64,
+        claim_ms: u64,
+    ) -> StoreResult<Vec<(i64, String, String, i64)>> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let q = format!(
+            "UPDATE outbox SET webhook_next_at = {NOW} + ? WHERE id IN (\
+             SELECT id FROM outbox WHERE webhook_done_at IS NULL AND webhook_next_at <= {NOW} \
+             AND webhook_attempts < ? ORDER BY id LIMIT ?) \
+             RETURNING id, kind || ':' || dedup_key, item, webhook_attempts"
+        );
+        let mut rows: Vec<(i64, String, String, i64)> = sqlx::query_as(&q)
+            .bind(claim_ms as i64)
+            .bind(WEBHOOK_MAX_ATTEMPTS)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        rows.sort_by_key(|r| r.0);
+        Ok(rows)
+    }
+
+    async fn webhook_result(&self, id: i64, delivered: bool, retry_ms: u64) -> StoreResult<()> {
+        if delivered {
+            let q = format!(
+                "UPDATE outbox SET webhook_done_at = {NOW}, webhook_attempts = webhook_attempts + 1 WHERE id = ?"
+            );
+            sqlx::query(&q).bind(id).execute(&self.pool).await?;
+        } else {
+            let q = format!(
+                "UPDATE outbox SET webhook_next_at = {NOW} + ?, webhook_attempts = webhook_attempts + 1 WHERE id = ?"
+            );
+            sqlx::query(&q)
+                .bind(retry_ms as i64)
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn remember_participant(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<()> {
         sqlx::query("INSERT OR IGNORE INTO participants (room, participant) VALUES (?, ?)")
             .bind(room.as_str())
@@ -761,9 +820,13 @@ impl Store for SqliteStore {
         .execute(&self.pool)
         .await?;
         let q = format!(
-            "DELETE FROM outbox WHERE notified_at IS NOT NULL AND created_at < {NOW} - 3600000"
+            "DELETE FROM outbox WHERE notified_at IS NOT NULL AND created_at < {NOW} - 3600000 \
+             AND (webhook_done_at IS NOT NULL OR webhook_attempts >= {WEBHOOK_MAX_ATTEMPTS} OR ?1)"
         );
-        sqlx::query(&q).execute(&self.pool).await?;
+        sqlx::query(&q)
+            .bind(!self.keep_for_webhook)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 }

@@ -402,7 +402,7 @@ async fn migrations_apply_to_an_empty_database() {
         .fetch_one(s.pool())
         .await
         .unwrap();
-    assert_eq!(n, 2);
+    assert_eq!(n, 3);
     let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
         .fetch_one(s.pool())
         .await
@@ -422,5 +422,5 @@ async fn migrations_apply_to_an_empty_database() {
         .fetch_one(s.pool())
         .await
         .unwrap();
-    assert_eq!(n, 2);
+    assert_eq!(n, 3);
 }
