@@ -424,3 +424,64 @@ async fn migrations_apply_to_an_empty_database() {
         .unwrap();
     assert_eq!(n, 3);
 }
+
+#[tokio::test]
+async fn room_member_and_http_limits() {
+    let cfg = hostlease_server::Config {
+        max_rooms: 1,
+        max_members: 1,
+        http_rate: 1.0,
+        http_burst: 3.0,
+        ..test_config()
+    };
+    let srv = start(cfg).await;
+    let mut a = Raw::join(
+        srv.addr,
+        "one",
+        &join_token(&srv.app_key, "one", "a", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut a).await;
+    let mut b = Raw::join(
+        srv.addr,
+        "one",
+        &join_token(&srv.app_key, "one", "b", false),
+        None,
+    )
+    .await;
+    assert_eq!(b.until_closed().await, Some(ErrorCode::RoomFull));
+    let mut c = Raw::join(
+        srv.addr,
+        "two",
+        &join_token(&srv.app_key, "two", "c", false),
+        None,
+    )
+    .await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::TooManyRooms));
+    // The first member is unaffected.
+    a.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+    a.until(welcome).await;
+
+    let http = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    let mut retry_after = None;
+    for _ in 0..6 {
+        let r = http
+            .get(format!("http://{}/v1/keys", srv.addr))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 429 {
+            retry_after = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
+        }
+        statuses.push(r.status().as_u16());
+    }
+    assert!(statuses.contains(&429), "{statuses:?}");
+    // (The WebSocket upgrades above count against the same per-address bucket.)
+    let secs: u64 = retry_after.expect("Retry-After").parse().unwrap();
+    assert!(secs >= 1);
+}
