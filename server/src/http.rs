@@ -1,0 +1,555 @@
+//! HTTP routes: snapshot, commands, inbox, keys, admin, health, metrics, the WebSocket upgrade,
+//! and (with `--dev`) the demo's token endpoint and static files.
+
+// Early returns of ready-made responses on the error path of a request handler: boxing them
+// would buy nothing.
+#![allow(clippy::result_large_err)]
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Query, Request, State, WebSocketUpgrade};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hostlease::protocol::{
+    codec::{decode_body, MAX_CLIENT_FRAME},
+    CommandRequest, IdempotencyKey, InboxPage, KeySet, Outcome, ParticipantId, Reason, RejectCode,
+    RoomId, Token,
+};
+use serde::Deserialize;
+
+use crate::rooms::{correlation_id, App, Direct};
+use crate::store::GrantReq;
+use crate::tokens::{JoinClaims, JOIN_PREFIX};
+
+/// A per-address token bucket for HTTP requests (429 + `Retry-After` when empty).
+pub struct Limiter {
+    rate: f64,
+    burst: f64,
+    buckets: Mutex<HashMap<IpAddr, (f64, Instant)>>,
+}
+
+impl Limiter {
+    pub fn new(rate: f64, burst: f64) -> Self {
+        Self {
+            rate,
+            burst,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `Ok` or the seconds to wait.
+    fn check(&self, ip: IpAddr) -> Result<(), u64> {
+        let mut map = self.buckets.lock().expect("limiter lock");
+        if map.len() > 100_000 {
+            map.clear(); // bounded memory; a reset only ever lets more requests in
+        }
+        let now = Instant::now();
+        let b = map.entry(ip).or_insert((self.burst, now));
+        b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * self.rate).min(self.burst);
+        b.1 = now;
+        if b.0 >= 1.0 {
+            b.0 -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - b.0) / self.rate).ceil().max(1.0) as u64)
+        }
+    }
+}
+
+/// The process-wide Prometheus recorder (installed once; later calls reuse it).
+pub fn metrics_handle() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
+    static HANDLE: OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+        OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .ok()
+        })
+        .clone()
+}
+
+async fn rate_limit(
+    State(app): State<Arc<App>>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match app.http_limiter.check(addr.ip()) {
+        Ok(()) => next.run(req).await,
+        Err(secs) => {
+            metrics::counter!("hostlease_http_rate_limited_total").increment(1);
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, secs.to_string())],
+                "rate limited",
+            )
+                .into_response()
+        }
+    }
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    let mut r = Router::new()
+        .route("/v1/rooms/{room}/ws", get(ws_upgrade))
+        .route("/v1/rooms/{room}", get(snapshot))
+        .route("/v1/rooms/{room}/commands", post(command))
+        .route("/v1/rooms/{room}/inbox", get(inbox))
+        .route("/v1/keys", get(keys))
+        .route("/v1/admin/rooms/{room}/reassign", post(admin_reassign))
+        .route("/v1/admin/rooms/{room}/kick", post(admin_kick))
+        .route("/v1/admin/rooms/{room}/close", post(admin_close))
+        .route("/v1/admin/rooms/{room}/ttl", post(admin_ttl))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_route));
+    if app.cfg.dev {
+        r = r.route("/dev/token", post(dev_token));
+    }
+    if let Some(dir) = &app.cfg.www {
+        r = r.fallback_service(tower_http::services::ServeDir::new(dir));
+    }
+    r.layer(middleware::from_fn_with_state(app.clone(), rate_limit))
+        .with_state(app)
+}
+
+fn room_id(s: &str) -> Result<RoomId, Response> {
+    RoomId::new(s).map_err(|e| (StatusCode::BAD_REQUEST, e.code()).into_response())
+}
+
+fn bearer(h: &HeaderMap) -> Option<Token> {
+    h.get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(|t| Token::new(t.trim()))
+}
+
+async fn ws_upgrade(
+    State(app): State<Arc<App>>,
+    Path(room): Path<String>,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let room = match room_id(&room) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    // Twice the protocol limit at the transport, so that an oversized frame reaches the
+    // session and is answered with a typed `frame_too_large` error before the close.
+    ws.max_message_size(2 * MAX_CLIENT_FRAME)
+        .max_frame_size(2 * MAX_CLIENT_FRAME)
+        .on_upgrade(move |socket| crate::ws::run(app, room, socket))
+}
+
+async fn snapshot(State(app): State<Arc<App>>, Path(room): Path<String>) -> Response {
+    let room = match room_id(&room) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    let hub = match app.room(&room).await {
+        Ok(Some(h)) => h,
+        Ok(None) => return (StatusCode::SERVICE_UNAVAILABLE, "too many rooms").into_response(),
+        Err(_) => return (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
+    };
+    let snap = app.snapshot(&hub, None);
+    app.release(&hub).await;
+    Json(snap).into_response()
+}
+
+async fn command(
+    State(app): State<Arc<App>>,
+    Path(room): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let room = match room_id(&room) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    let Some(token) = bearer(&headers) else {
+        return (StatusCode::UNAUTHORIZED, "missing bearer capability").into_response();
+    };
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|k| IdempotencyKey::new(k).ok());
+    let Some(key) = key else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "missing or invalid Idempotency-Key",
+        )
+            .into_response();
+    };
+    let text = String::from_utf8_lossy(&body);
+    let req: CommandRequest = match decode_body(&text, MAX_CLIENT_FRAME) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.code()).into_response(),
+    };
+    let hub = match app.room(&room).await {
+        Ok(Some(h)) => h,
+        _ => return (StatusCode::SERVICE_UNAVAILABLE, "room unavailable").into_response(),
+    };
+    let outcome = crate::ws::command(
+        &app,
+        &hub,
+        None,
+        &token,
+        key,
+        req.action,
+        req.payload,
+        req.epoch,
+    )
+    .await;
+    app.release(&hub).await;
+    let status = match &outcome {
+        Outcome::Accepted { .. } => StatusCode::OK,
+        Outcome::Rejected { code, .. } => match code {
+            RejectCode::BadCapability => StatusCode::FORBIDDEN,
+            RejectCode::ActionNotGranted => StatusCode::FORBIDDEN,
+            RejectCode::BadRequest => StatusCode::BAD_REQUEST,
+            RejectCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            RejectCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            _ => StatusCode::CONFLICT,
+        },
+    };
+    (status, Json(outcome)).into_response()
+}
+
+#[derive(Deserialize)]
+struct InboxQuery {
+    #[serde(default)]
+    since: u64,
+}
+
+/// The durable inbox of the participant named by a join token for the room (Bearer).
+async fn inbox(
+    State(app): State<Arc<App>>,
+    Path(room): Path<String>,
+    Query(q): Query<InboxQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let room = match room_id(&room) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    let Some(token) = bearer(&headers) else {
+        return (StatusCode::UNAUTHORIZED, "missing bearer join token").into_response();
+    };
+    let claims: JoinClaims = match app
+        .join_keys
+        .verify::<JoinClaims>(JOIN_PREFIX, token.expose())
+    {
+        Ok(c) if c.room == room && c.exp > crate::tokens::now_ms() => c,
+        _ => return (StatusCode::FORBIDDEN, "join token refused").into_response(),
+    };
+    const PAGE: i64 = 256;
+    match app.store.inbox(&room, &claims.sub, q.since, PAGE).await {
+        Ok(entries) => {
+            let next = if entries.len() as i64 == PAGE {
+                entries.last().map(|e| e.cursor)
+            } else {
+                None
+            };
+            Json(InboxPage { entries, next }).into_response()
+        }
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
+    }
+}
+
+async fn keys(State(app): State<Arc<App>>) -> Json<KeySet> {
+    Json(KeySet {
+        keys: vec![app.keys.public()],
+    })
+}
+
+async fn healthz(State(app): State<Arc<App>>) -> Response {
+    match app.store.now_ms().await {
+        Ok(_) => (StatusCode::OK, "ok").into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
+    }
+}
+
+async fn metrics_route(State(app): State<Arc<App>>) -> Response {
+    match &app.metrics {
+        Some(h) => h.render().into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics recorder not installed").into_response(),
+    }
+}
+
+fn admin_ok(app: &App, headers: &HeaderMap) -> bool {
+    match (&app.cfg.admin_key, bearer(headers)) {
+        (Some(k), Some(t)) => {
+            // Constant-time comparison of the admin key.
+            let (a, b) = (k.as_bytes(), t.expose().as_bytes());
+            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        }
+        _ => false,
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct AdminBody {
+    #[serde(default)]
+    to: Option<ParticipantId>,
+    #[serde(default)]
+    participant: Option<ParticipantId>,
+}
+
+async fn admin_prelude(
+    app: &Arc<App>,
+    headers: &HeaderMap,
+    room: &str,
+) -> Result<Arc<crate::rooms::Room>, Response> {
+    if !admin_ok(app, headers) {
+        return Err((StatusCode::UNAUTHORIZED, "admin key required").into_response());
+    }
+    let room = room_id(room)?;
+    match app.room(&room).await {
+        Ok(Some(h)) => Ok(h),
+        _ => Err((StatusCode::SERVICE_UNAVAILABLE, "room unavailable").into_response()),
+    }
+}
+
+fn parse_admin_body(body: &Bytes) -> Result<AdminBody, Response> {
+    if body.is_empty() {
+        return Ok(AdminBody::default());
+    }
+    serde_json::from_slice(body).map_err(|_| (StatusCode::BAD_REQUEST, "bad body").into_response())
+}
+
+/// `POST /v1/admin/rooms/{room}/reassign {"to"?: participant}`: a grant like any other.
+async fn admin_reassign(
+    State(app): State<Arc<App>>,
+    Path(room): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let hub = match admin_prelude(&app, &headers, &room).await {
+        Ok(h) => h,
+        Err(e) => return e,
+    };
+    let body = match parse_admin_body(&body) {
+        Ok(b) => b,
+        Err(e) => return e,
+    };
+    let _g = hub.decide.lock().await;
+    let row = match app.store.room(&hub.id).await {
+        Ok(r) => r,
+        Err(_) => return (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
+    };
+    let members = hub.members();
+    let cur_session = row.as_ref().and_then(|r| r.session.clone());
+    let next = match &body.to {
+        Some(to) => hostlease::core::elect(members.iter().filter(|m| &m.id == to)),
+        None => hostlease::core::elect(
+            members
+                .iter()
+                .filter(|m| Some(&m.session) != cur_session.as_ref()),
+        ),
+    }
+    .map(|m| (m.id.clone(), m.session.clone()));
+    if body.to.is_some() && next.is_none() {
+        return (
+            StatusCode::NOT_FOUND,
+            "participant not connected or may not host",
+        )
+            .into_response();
+    }
+    let epoch = row
+        .as_ref()
+        .map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch);
+    let req = app.grant_req(&hub, epoch, next, Reason::Admin, false);
+    let res = app.grant(req, row.as_ref(), &correlation_id()).await;
+    drop(_g);
+    app.release(&hub).await;
+    match res {
+        Ok(Some(a)) => Json(a).into_response(),
+        Ok(None) => (StatusCode::CONFLICT, "another commit won; retry").into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
+    }
+}
+
+/// `POST /v1/admin/rooms/{room}/kick {"participant": p}`: closes its sessions; a kicked host is
+/// replaced at once (reason `kicked`).
+async fn admin_kick(
+    State(app): State<Arc<App>>,
+    Path(room): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let hub = match admin_prelude(&app, &headers, &room).await {
+        Ok(h) => h,
+        Err(e) => return e,
+    };
+    let Ok(AdminBody {
+        participant: Some(p),
+        ..
+    }) = parse_admin_body(&body)
+    else {
+        return (StatusCode::BAD_REQUEST, "participant required").into_response();
+    };
+    let sessions: Vec<_> = hub
+        .members()
+        .into_iter()
+        .filter(|m| m.id == p)
+        .map(|m| m.session)
+        .collect();
+    // Take the kicked sessions out of the membership first, so the next election skips them.
+    {
+        let mut st = hub.state.lock().expect("room lock");
+        st.members.retain(|m| m.id != p);
+    }
+    let frame = hostlease::protocol::codec::encode_server(&hostlease::protocol::ServerMsg::Error {
+        code: hostlease::protocol::ErrorCode::Kicked,
+        message: "kicked by the app".into(),
+    });
+    {
+        let st = hub.state.lock().expect("room lock");
+        for s in &sessions {
+            if let Some(tx) = st.conns.get(s) {
+                let _ = tx.try_send(Direct::Close(frame.clone()));
+            }
+        }
+    }
+    for s in &sessions {
+        let _ = app
+            .replace_host(&hub, s, Reason::Kicked, &correlation_id())
+            .await;
+    }
+    app.release(&hub).await;
+    (
+        StatusCode::OK,
+        Json(serde_json::json!({"kicked": sessions.len()})),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct TtlBody {
+    lease_ms: Option<u64>,
+}
+
+/// `POST /v1/admin/rooms/{room}/ttl {"lease_ms": n | null}`: the room's lease TTL, from the next
+/// grant or renewal on (`null`: back to the server default). At least 30 ms.
+async fn admin_ttl(
+    State(app): State<Arc<App>>,
+    Path(room): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<TtlBody>,
+) -> Response {
+    if !admin_ok(&app, &headers) {
+        return (StatusCode::UNAUTHORIZED, "admin key required").into_response();
+    }
+    let room = match room_id(&room) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    if body
+        .lease_ms
+        .is_some_and(|t| !(30..=86_400_000).contains(&t))
+    {
+        return (
+            StatusCode::BAD_REQUEST,
+            "lease_ms must be within 30..=86400000",
+        )
+            .into_response();
+    }
+    match app.store.set_ttl(&room, body.lease_ms).await {
+        Ok(()) => (
+            StatusCode::OK,
+            Json(serde_json::json!({"lease_ms": body.lease_ms})),
+        )
+            .into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
+    }
+}
+
+/// `POST /v1/admin/rooms/{room}/close`: a hostless grant (reason `closed`); every session is
+/// closed and new joins are refused.
+async fn admin_close(
+    State(app): State<Arc<App>>,
+    Path(room): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let hub = match admin_prelude(&app, &headers, &room).await {
+        Ok(h) => h,
+        Err(e) => return e,
+    };
+    let g = hub.decide.lock().await;
+    let mut res = Ok(None);
+    for _ in 0..5 {
+        let row = match app.store.room(&hub.id).await {
+            Ok(r) => r,
+            Err(_) => break,
+        };
+        let req = GrantReq {
+            close: true,
+            ..app.grant_req(
+                &hub,
+                row.as_ref()
+                    .map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch),
+                None,
+                Reason::Closed,
+                false,
+            )
+        };
+        res = app.grant(req, row.as_ref(), &correlation_id()).await;
+        if !matches!(res, Ok(None)) {
+            break;
+        }
+    }
+    drop(g);
+    hub.state.lock().expect("room lock").closed = true;
+    let frame = hostlease::protocol::codec::encode_server(&hostlease::protocol::ServerMsg::Error {
+        code: hostlease::protocol::ErrorCode::RoomClosed,
+        message: "room closed".into(),
+    });
+    // Let the publisher deliver the closing assignment before the sockets close.
+    tokio::time::sleep(std::time::Duration::from_millis(
+        app.cfg.sweep_ms.min(200) * 2,
+    ))
+    .await;
+    app.direct(&hub, |_| true, || Direct::Close(frame.clone()));
+    app.release(&hub).await;
+    match res {
+        Ok(Some(a)) => Json(a).into_response(),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "could not close").into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct DevTokenReq {
+    room: RoomId,
+    participant: ParticipantId,
+    #[serde(default)]
+    name: String,
+    #[serde(default = "yes")]
+    may_host: bool,
+    #[serde(default)]
+    ttl_ms: Option<u64>,
+}
+fn yes() -> bool {
+    true
+}
+
+/// `--dev` only: mints a join token with the dev app key (for the demo).
+async fn dev_token(State(app): State<Arc<App>>, Json(req): Json<DevTokenReq>) -> Response {
+    let Some(k) = &app.dev_app_key else {
+        return (StatusCode::NOT_FOUND, "no dev key").into_response();
+    };
+    let claims = JoinClaims {
+        room: req.room,
+        sub: req.participant,
+        name: req.name.chars().take(64).collect(),
+        may_host: req.may_host,
+        exp: crate::tokens::now_ms() + req.ttl_ms.unwrap_or(3_600_000),
+        kid: k.kid.clone(),
+    };
+    Json(serde_json::json!({ "token": k.sign_token(JOIN_PREFIX, &claims) })).into_response()
+}

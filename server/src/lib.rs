@@ -1,0 +1,98 @@
+//! hostlease-server: the reference authority. Elections, leases, epoch CAS, capability tokens,
+//! the room log and outbox, fan-out over WebSocket, and the HTTP API.
+//!
+//! Layout: [`tokens`] (keys and token formats), [`store`] (durable state behind a trait, SQLite),
+//! [`rooms`] (in-memory hubs, elections, the publisher and sweeper tasks), [`ws`] (the live
+//! session), [`http`] (routes).
+
+pub mod http;
+pub mod rooms;
+pub mod store;
+pub mod tokens;
+pub mod webhook;
+pub mod ws;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hostlease::protocol::{Action, ActionTable};
+
+pub use rooms::App;
+
+/// Server configuration (the CLI and environment fill it; tests build it directly).
+#[derive(Clone)]
+pub struct Config {
+    /// Default host lease TTL.
+    pub lease_ms: u64,
+    pub actions: ActionTable,
+    pub max_rooms: usize,
+    pub max_members: usize,
+    pub max_connections: usize,
+    /// Per-connection message rate: sustained per second, and burst.
+    pub msg_rate: f64,
+    pub msg_burst: f64,
+    /// HTTP requests per second per client address, and burst.
+    pub http_rate: f64,
+    pub http_burst: f64,
+    pub participant_token_ms: u64,
+    /// How often the lease sweeper and publisher poll the store.
+    pub sweep_ms: u64,
+    /// Items kept in each room's log (older ones are announced as a discontinuity).
+    pub log_keep: i64,
+    pub admin_key: Option<String>,
+    /// Durable notification by HTTP POST of every committed item (`http://` only).
+    pub webhook_url: Option<String>,
+    /// HMAC-SHA256 key of the webhook signature header.
+    pub webhook_secret: Option<String>,
+    pub dev: bool,
+    pub www: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let a = |s: &str| Action::new(s).expect("valid action");
+        Self {
+            lease_ms: 6000,
+            actions: ActionTable {
+                host: vec![a("poll.open"), a("poll.close")],
+                participant: vec![a("vote")],
+            },
+            max_rooms: 10_000,
+            max_members: 1000,
+            max_connections: 20_000,
+            msg_rate: 50.0,
+            msg_burst: 100.0,
+            http_rate: 50.0,
+            http_burst: 100.0,
+            participant_token_ms: 600_000,
+            sweep_ms: 100,
+            log_keep: 10_000,
+            admin_key: None,
+            webhook_url: None,
+            webhook_secret: None,
+            dev: false,
+            www: None,
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then stops the background tasks.
+pub async fn serve(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let tasks = rooms::spawn_background(app.clone());
+    let router = http::router(app.clone());
+    let res = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await;
+    for t in tasks {
+        t.abort();
+    }
+    res
+}

@@ -1,0 +1,280 @@
+//! `hostlease-server`: `serve`, `keygen`, `token`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use hostlease::protocol::{ParticipantId, PublicKey, RoomId};
+use hostlease_server::store::SqliteStore;
+use hostlease_server::tokens::{JoinClaims, Keypair, Verifier, JOIN_PREFIX};
+use hostlease_server::{App, Config};
+
+#[derive(Parser)]
+#[command(
+    name = "hostlease-server",
+    version,
+    about = "The reference hostlease authority"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the server.
+    Serve(Box<ServeArgs>),
+    /// Generate an Ed25519 key file (`{kid, secret}`) and print its public key.
+    Keygen {
+        /// Where to write the key file.
+        #[arg(long, default_value = "./data/app-key.json")]
+        out: PathBuf,
+        #[arg(long, default_value = "app")]
+        kid_prefix: String,
+    },
+    /// Mint a join token with an app key file (what the app backend does).
+    Token {
+        #[arg(long, env = "HOSTLEASE_APP_KEY", default_value = "./data/app-key.json")]
+        key: PathBuf,
+        #[arg(long)]
+        room: String,
+        #[arg(long)]
+        participant: String,
+        /// Lifetime in seconds.
+        #[arg(long, default_value_t = 3600)]
+        ttl: u64,
+        #[arg(long, default_value = "")]
+        name: String,
+        #[arg(long)]
+        may_host: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(
+        long,
+        env = "HOSTLEASE_DB",
+        default_value = "sqlite://./data/hostlease.db"
+    )]
+    db: String,
+    #[arg(long, env = "HOSTLEASE_LISTEN", default_value = "127.0.0.1:7700")]
+    listen: String,
+    /// Static files to serve (the demo).
+    #[arg(long, env = "HOSTLEASE_WWW")]
+    www: Option<PathBuf>,
+    /// Development mode: adds `POST /dev/token` (mints join tokens). Never in production.
+    #[arg(long, env = "HOSTLEASE_DEV")]
+    dev: bool,
+    /// The server's signing key file (created if missing).
+    #[arg(
+        long,
+        env = "HOSTLEASE_SERVER_KEY",
+        default_value = "./data/server-key.json"
+    )]
+    server_key: PathBuf,
+    /// App backend public keys that sign join tokens, as `kid:x` (base64url); repeatable.
+    #[arg(
+        long = "app-public-key",
+        env = "HOSTLEASE_APP_PUBLIC_KEYS",
+        value_delimiter = ','
+    )]
+    app_public_keys: Vec<String>,
+    /// An app key file whose public half verifies join tokens (alternative to the above).
+    #[arg(long, env = "HOSTLEASE_APP_KEY")]
+    app_key: Option<PathBuf>,
+    /// Bearer key of the admin API (admin API disabled when unset).
+    #[arg(long, env = "HOSTLEASE_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
+    /// POST every committed item to this `http://` URL (durable notification).
+    #[arg(long, env = "HOSTLEASE_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+    /// HMAC-SHA256 key of the webhook's `X-Hostlease-Signature` header.
+    #[arg(long, env = "HOSTLEASE_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+    /// Host lease TTL in milliseconds.
+    #[arg(long, env = "HOSTLEASE_LEASE_MS", default_value_t = 6000)]
+    lease_ms: u64,
+    /// Lease sweeper / publisher poll interval in milliseconds.
+    #[arg(long, env = "HOSTLEASE_SWEEP_MS", default_value_t = 100)]
+    sweep_ms: u64,
+    /// Host-only actions (comma-separated).
+    #[arg(
+        long,
+        env = "HOSTLEASE_HOST_ACTIONS",
+        value_delimiter = ',',
+        default_value = "poll.open,poll.close"
+    )]
+    host_actions: Vec<String>,
+    /// Participant actions (comma-separated).
+    #[arg(
+        long,
+        env = "HOSTLEASE_PARTICIPANT_ACTIONS",
+        value_delimiter = ',',
+        default_value = "vote"
+    )]
+    participant_actions: Vec<String>,
+    #[arg(long, env = "HOSTLEASE_MAX_ROOMS", default_value_t = 10_000)]
+    max_rooms: usize,
+    #[arg(long, env = "HOSTLEASE_MAX_MEMBERS", default_value_t = 1000)]
+    max_members: usize,
+    #[arg(long, env = "HOSTLEASE_MAX_CONNECTIONS", default_value_t = 20_000)]
+    max_connections: usize,
+    /// Per-connection messages per second (burst is twice this).
+    #[arg(long, env = "HOSTLEASE_MSG_RATE", default_value_t = 50.0)]
+    msg_rate: f64,
+    /// HTTP requests per second per address (burst is twice this).
+    #[arg(long, env = "HOSTLEASE_HTTP_RATE", default_value_t = 50.0)]
+    http_rate: f64,
+    /// Log as JSON lines.
+    #[arg(long, env = "HOSTLEASE_LOG_JSON")]
+    log_json: bool,
+}
+
+fn actions(v: &[String]) -> Result<Vec<hostlease::protocol::Action>, String> {
+    v.iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            hostlease::protocol::Action::new(s.as_str()).map_err(|e| format!("action {s:?}: {e}"))
+        })
+        .collect()
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Serve(a) => serve(*a),
+        Cmd::Keygen { out, kid_prefix } => keygen(out, &kid_prefix),
+        Cmd::Token {
+            key,
+            room,
+            participant,
+            ttl,
+            name,
+            may_host,
+        } => mint(key, room, participant, ttl, name, may_host),
+    };
+    match res {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn keygen(out: PathBuf, prefix: &str) -> Result<(), String> {
+    if out.exists() {
+        return Err(format!("{} exists; not overwriting", out.display()));
+    }
+    let k = Keypair::load_or_create(&out, prefix)?;
+    let p = k.public();
+    println!("wrote {}", out.display());
+    println!(
+        "public key (pass to serve --app-public-key): {}:{}",
+        p.kid, p.x
+    );
+    Ok(())
+}
+
+fn mint(
+    key: PathBuf,
+    room: String,
+    participant: String,
+    ttl: u64,
+    name: String,
+    may_host: bool,
+) -> Result<(), String> {
+    let k = Keypair::load(&key)?;
+    let claims = JoinClaims {
+        room: RoomId::new(room).map_err(|e| e.to_string())?,
+        sub: ParticipantId::new(participant).map_err(|e| e.to_string())?,
+        name,
+        may_host,
+        exp: hostlease_server::tokens::now_ms() + ttl * 1000,
+        kid: k.kid.clone(),
+    };
+    println!("{}", k.sign_token(JOIN_PREFIX, &claims));
+    Ok(())
+}
+
+fn serve(a: ServeArgs) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if a.log_json {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .json()
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
+    let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let mut store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
+        store.keep_for_webhook = a.webhook_url.is_some();
+        let keys = Keypair::load_or_create(&a.server_key, "srv")?;
+        let mut join_keys = Verifier::default();
+        for s in &a.app_public_keys {
+            let (kid, x) = s.split_once(':').ok_or("app public key must be kid:x")?;
+            join_keys.add(&PublicKey {
+                kid: hostlease::protocol::KeyId::new(kid).map_err(|e| e.to_string())?,
+                alg: "Ed25519".into(),
+                x: x.to_string(),
+            })?;
+        }
+        if let Some(p) = &a.app_key {
+            join_keys.add(&Keypair::load(p)?.public())?;
+        }
+        let dev_key = if a.dev {
+            let k = Keypair::generate_random_kid("dev");
+            join_keys.add(&k.public())?;
+            tracing::warn!("DEV MODE IS ON: POST /dev/token mints join tokens for anyone. Never run this in production.");
+            Some(k)
+        } else {
+            None
+        };
+        let cfg = Config {
+            lease_ms: a.lease_ms.max(30),
+            actions: hostlease::protocol::ActionTable {
+                host: actions(&a.host_actions)?,
+                participant: actions(&a.participant_actions)?,
+            },
+            max_rooms: a.max_rooms,
+            max_members: a.max_members,
+            max_connections: a.max_connections,
+            msg_rate: a.msg_rate,
+            msg_burst: a.msg_rate * 2.0,
+            http_rate: a.http_rate,
+            http_burst: a.http_rate * 2.0,
+            sweep_ms: a.sweep_ms,
+            admin_key: a.admin_key,
+            webhook_url: a.webhook_url,
+            webhook_secret: a.webhook_secret,
+            dev: a.dev,
+            www: a.www,
+            ..Config::default()
+        };
+        let app = App::new(cfg, Arc::new(store), keys, join_keys, dev_key);
+        let listener = tokio::net::TcpListener::bind(&a.listen).await.map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        tracing::info!(%addr, "listening");
+        // Tests and supervisors read this line to find the port.
+        println!("listening on {addr}");
+        let app2 = app.clone();
+        let shutdown = async move {
+            let ctrl_c = tokio::signal::ctrl_c();
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("SIGTERM handler");
+            tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+            tracing::info!("shutting down");
+            let _ = app2.shutdown.send(true);
+        };
+        hostlease_server::serve(app, listener, shutdown).await.map_err(|e| e.to_string())
+    })
+}

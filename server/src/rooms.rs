@@ -1,0 +1,483 @@
+//! In-memory room hubs (membership, the broadcast of the room stream), elections and the
+//! background tasks: the outbox publisher, the durable notifier and the lease sweeper.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hostlease::core::elect;
+use hostlease::protocol::{
+    codec::encode_server, Assignment, Epoch, Item, Member, ParticipantId, Reason, RoomId, Seq,
+    ServerMsg, ServerTime, SessionId, SignedAssignment, Snapshot,
+};
+use tokio::sync::{broadcast, mpsc, Notify};
+
+use crate::store::{GrantOutcome, GrantReq, RoomRow, Store, StoreError};
+use crate::tokens::{Keypair, Verifier};
+use crate::Config;
+
+/// What a room's broadcast carries: a stream item or a presence change, pre-encoded once.
+#[derive(Debug, Clone)]
+pub enum Bcast {
+    Item { item: Arc<Item>, frame: Arc<String> },
+    Presence { frame: Arc<String> },
+}
+
+/// Messages addressed to one connection.
+#[derive(Debug)]
+pub enum Direct {
+    Frame(String),
+    /// Send this error frame and close.
+    Close(String),
+}
+
+pub struct RoomState {
+    pub current: SignedAssignment,
+    /// The last seq published to this process's subscribers.
+    pub seq: Seq,
+    pub members: Vec<Member>,
+    pub conns: HashMap<SessionId, mpsc::Sender<Direct>>,
+    pub next_join: u64,
+    pub closed: bool,
+}
+
+pub struct Room {
+    pub id: RoomId,
+    pub state: Mutex<RoomState>,
+    pub tx: broadcast::Sender<Bcast>,
+    /// Serialises this process's decisions for the room (the CAS keeps them correct anyway).
+    pub decide: tokio::sync::Mutex<()>,
+}
+
+impl Room {
+    pub fn members(&self) -> Vec<Member> {
+        self.state.lock().expect("room lock").members.clone()
+    }
+
+    /// Applies a committed item in seq order and broadcasts it; older ones are dropped.
+    fn publish(&self, item: Item) {
+        let mut st = self.state.lock().expect("room lock");
+        if item.seq() <= st.seq {
+            return;
+        }
+        st.seq = item.seq();
+        let frame = match &item {
+            Item::Assignment(a) => {
+                st.current = a.clone();
+                encode_server(&ServerMsg::Assignment(a.clone()))
+            }
+            Item::Event(e) => encode_server(&ServerMsg::Event(e.clone())),
+        };
+        let _ = self.tx.send(Bcast::Item {
+            item: Arc::new(item),
+            frame: Arc::new(frame),
+        });
+    }
+}
+
+pub struct App {
+    pub cfg: Config,
+    pub store: Arc<dyn Store>,
+    pub keys: Keypair,
+    /// Verifies join tokens (the app backend's public keys).
+    pub join_keys: Verifier,
+    /// Verifies capability tokens (this server's public keys).
+    pub cap_keys: Verifier,
+    pub rooms: tokio::sync::Mutex<HashMap<RoomId, Arc<Room>>>,
+    pub connections: AtomicUsize,
+    pub committed: Notify,
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+    /// Signs dev join tokens when `--dev` is on.
+    pub dev_app_key: Option<Keypair>,
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    pub http_limiter: crate::http::Limiter,
+}
+
+impl App {
+    pub fn new(
+        cfg: Config,
+        store: Arc<dyn Store>,
+        keys: Keypair,
+        join_keys: Verifier,
+        dev_app_key: Option<Keypair>,
+    ) -> Arc<Self> {
+        let cap_keys = Verifier::from_keys(&[keys.public()]).expect("own key is valid");
+        let http_limiter = crate::http::Limiter::new(cfg.http_rate, cfg.http_burst);
+        Arc::new(Self {
+            cfg,
+            store,
+            keys,
+            join_keys,
+            cap_keys,
+            rooms: tokio::sync::Mutex::new(HashMap::new()),
+            connections: AtomicUsize::new(0),
+            committed: Notify::new(),
+            shutdown: tokio::sync::watch::channel(false).0,
+            dev_app_key,
+            metrics: crate::http::metrics_handle(),
+            http_limiter,
+        })
+    }
+
+    fn genesis(&self, room: &RoomId, now: u64) -> SignedAssignment {
+        self.keys.sign_assignment(Assignment {
+            room: room.clone(),
+            host: None,
+            session: None,
+            epoch: Epoch::ZERO,
+            seq: Seq::ZERO,
+            lease_ms: 0,
+            reason: Reason::Elected,
+            issued_at: ServerTime(now),
+        })
+    }
+
+    /// The hub of `room`, loading it from the store under the map lock (so the publisher cannot
+    /// drop an item between the load and the insert). `None` when the room limit is reached.
+    pub async fn room(&self, room: &RoomId) -> Result<Option<Arc<Room>>, StoreError> {
+        let mut map = self.rooms.lock().await;
+        if let Some(r) = map.get(room) {
+            return Ok(Some(r.clone()));
+        }
+        if map.len() >= self.cfg.max_rooms {
+            return Ok(None);
+        }
+        let row = self.store.room(room).await?;
+        let (current, seq, closed) = match &row {
+            Some(r) => (
+                r.current
+                    .clone()
+                    .unwrap_or_else(|| self.genesis(room, r.now)),
+                r.seq,
+                r.closed,
+            ),
+            None => (
+                self.genesis(room, crate::tokens::now_ms()),
+                Seq::ZERO,
+                false,
+            ),
+        };
+        let hub = Arc::new(Room {
+            id: room.clone(),
+            state: Mutex::new(RoomState {
+                current,
+                seq,
+                members: Vec::new(),
+                conns: HashMap::new(),
+                next_join: 1,
+                closed,
+            }),
+            tx: broadcast::channel(4096).0,
+            decide: tokio::sync::Mutex::new(()),
+        });
+        map.insert(room.clone(), hub.clone());
+        metrics::gauge!("hostlease_rooms").set(map.len() as f64);
+        Ok(Some(hub))
+    }
+
+    /// Drops the hub of a room with no connection left.
+    pub async fn release(&self, room: &Arc<Room>) {
+        let mut map = self.rooms.lock().await;
+        if room.state.lock().expect("room lock").conns.is_empty() {
+            map.remove(&room.id);
+        }
+        metrics::gauge!("hostlease_rooms").set(map.len() as f64);
+    }
+
+    pub fn snapshot(&self, room: &Room, remaining: Option<u64>) -> Snapshot {
+        let st = room.state.lock().expect("room lock");
+        self.snapshot_locked(room, &st, remaining)
+    }
+
+    pub fn snapshot_locked(&self, room: &Room, st: &RoomState, remaining: Option<u64>) -> Snapshot {
+        let mut members = st.members.clone();
+        hostlease::core::sort_members(&mut members);
+        Snapshot {
+            room: room.id.clone(),
+            current: st.current.clone(),
+            members,
+            seq: st.seq,
+            lease_remaining_ms: remaining,
+            server_time: ServerTime(crate::tokens::now_ms()),
+            actions: self.action_table(),
+        }
+    }
+
+    /// The action table sent in snapshots: the configured one plus the built-in host actions.
+    pub fn action_table(&self) -> hostlease::protocol::ActionTable {
+        let mut t = self.cfg.actions.clone();
+        for b in [
+            hostlease::protocol::ACTION_RESIGN,
+            hostlease::protocol::ACTION_TRANSFER,
+        ] {
+            let a = hostlease::protocol::Action::new(b).expect("valid");
+            if !t.host.contains(&a) {
+                t.host.push(a);
+            }
+        }
+        t
+    }
+
+    /// Commits a grant by CAS and reports it. Returns the committed assignment if this call won.
+    pub async fn grant(
+        &self,
+        req: GrantReq,
+        old: Option<&RoomRow>,
+        correlation: &str,
+    ) -> Result<Option<SignedAssignment>, StoreError> {
+        match self.store.grant(req.clone(), &self.keys).await? {
+            GrantOutcome::Won { assignment, .. } => {
+                self.committed.notify_one();
+                log_reassign(old, &assignment.assignment, correlation);
+                Ok(Some(assignment))
+            }
+            GrantOutcome::Lost(_) => {
+                metrics::counter!("hostlease_cas_conflicts_total").increment(1);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Recomputes the host of `room` from the store and the local membership: grants when the
+    /// room is hostless with an eligible member, or the lease has lapsed on the store clock.
+    /// Finding the current host still holding a live lease changes nothing.
+    pub async fn reconcile(&self, room: &Arc<Room>, correlation: &str) -> Result<(), StoreError> {
+        let _g = room.decide.lock().await;
+        for _ in 0..5 {
+            let Some(row) = self.store.room(&room.id).await? else {
+                // Never granted: hostless at epoch 0.
+                let next = elect(room.members().iter()).map(|m| (m.id.clone(), m.session.clone()));
+                if next.is_none() {
+                    return Ok(());
+                }
+                let req = self.grant_req(room, Epoch::ZERO, next, Reason::Elected, true);
+                if self.grant(req, None, correlation).await?.is_some() {
+                    return Ok(());
+                }
+                continue;
+            };
+            if row.closed || row.lease_live() {
+                return Ok(());
+            }
+            let members = room.members();
+            // A session that let its lease lapse is passed over while another eligible member
+            // is connected; alone, it is granted again (a new grant, so a new epoch).
+            let others = elect(
+                members
+                    .iter()
+                    .filter(|m| Some(&m.session) != row.session.as_ref()),
+            );
+            let next = others
+                .or_else(|| elect(members.iter()))
+                .map(|m| (m.id.clone(), m.session.clone()));
+            let reason = if row.host.is_some() {
+                Reason::LeaseLapsed
+            } else if next.is_none() {
+                return Ok(()); // hostless -> hostless is not a grant
+            } else {
+                Reason::Elected
+            };
+            let req = self.grant_req(room, row.epoch, next, reason, true);
+            if self.grant(req, Some(&row), correlation).await?.is_some() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The holder `session` is gone or gave the role up (leave, clean close, kick): grant at once
+    /// to the next member, excluding it. No-op when it is not the recorded holder.
+    pub async fn replace_host(
+        &self,
+        room: &Arc<Room>,
+        session: &SessionId,
+        reason: Reason,
+        correlation: &str,
+    ) -> Result<(), StoreError> {
+        {
+            let _g = room.decide.lock().await;
+            let Some(row) = self.store.room(&room.id).await? else {
+                return Ok(());
+            };
+            if row.session.as_ref() != Some(session) || row.closed {
+                return Ok(());
+            }
+            let members = room.members();
+            let next = elect(members.iter().filter(|m| &m.session != session))
+                .map(|m| (m.id.clone(), m.session.clone()));
+            let req = self.grant_req(room, row.epoch, next, reason, false);
+            if self.grant(req, Some(&row), correlation).await?.is_some() {
+                return Ok(());
+            }
+        }
+        self.reconcile(room, correlation).await
+    }
+
+    pub fn grant_req(
+        &self,
+        room: &Room,
+        expected: Epoch,
+        holder: Option<(ParticipantId, SessionId)>,
+        reason: Reason,
+        require_lapsed: bool,
+    ) -> GrantReq {
+        GrantReq {
+            room: room.id.clone(),
+            expected_epoch: expected,
+            holder,
+            lease_ms: self.cfg.lease_ms,
+            reason,
+            require_lapsed,
+            close: false,
+        }
+    }
+
+    /// Sends `msg` to every session of the room (or those matching `filter`).
+    pub fn direct(&self, room: &Room, filter: impl Fn(&Member) -> bool, msg: impl Fn() -> Direct) {
+        let st = room.state.lock().expect("room lock");
+        for m in st.members.iter().filter(|m| filter(m)) {
+            if let Some(tx) = st.conns.get(&m.session) {
+                let _ = tx.try_send(msg());
+            }
+        }
+    }
+}
+
+/// The one structured log line per reassignment.
+pub fn log_reassign(old: Option<&RoomRow>, new: &Assignment, correlation: &str) {
+    let old_host = old
+        .and_then(|r| r.host.as_ref())
+        .map_or_else(|| "-".to_string(), |h| h.to_string());
+    let new_host = new
+        .host
+        .as_ref()
+        .map_or_else(|| "-".to_string(), |h| h.to_string());
+    tracing::info!(
+        target: "hostlease::reassign",
+        room = %new.room,
+        old = %old_host,
+        new = %new_host,
+        epoch = new.epoch.0,
+        reason = new.reason.as_str(),
+        correlation_id = correlation,
+        "host reassigned"
+    );
+    metrics::counter!("hostlease_assignments_total", "reason" => new.reason.as_str()).increment(1);
+}
+
+pub fn correlation_id() -> String {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("random source");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Starts the publisher, the notifier and the sweeper.
+pub fn spawn_background(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut v = vec![
+        tokio::spawn(publisher(app.clone())),
+        tokio::spawn(notifier(app.clone())),
+    ];
+    if app.cfg.webhook_url.is_some() {
+        v.push(tokio::spawn(crate::webhook::worker(app.clone())));
+    }
+    v.push(tokio::spawn(sweeper(app)));
+    v
+}
+
+/// Tails the outbox (commit order) and publishes every item to this process's subscribers. Every
+/// process tails the same table, so clients of any process on the same database see every commit.
+/// Publishing happens only after commit, by construction.
+async fn publisher(app: Arc<App>) {
+    let mut last = loop {
+        match app.store.outbox_max_id().await {
+            Ok(v) => break v,
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox read failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
+    let poll = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000));
+    loop {
+        let _ = tokio::time::timeout(poll, app.committed.notified()).await;
+        loop {
+            let rows = match app.store.outbox_after(last, 512).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "outbox read failed");
+                    break;
+                }
+            };
+            if rows.is_empty() {
+                break;
+            }
+            let map = app.rooms.lock().await;
+            for (id, room, item) in rows {
+                last = id;
+                if let Some(r) = map.get(&room) {
+                    r.publish(item);
+                }
+            }
+        }
+    }
+}
+
+/// Works off the outbox into the offline members' durable inboxes.
+async fn notifier(app: Arc<App>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2)).await;
+        let online: HashSet<(RoomId, ParticipantId)> = {
+            let map = app.rooms.lock().await;
+            map.values()
+                .flat_map(|r| {
+                    r.members()
+                        .into_iter()
+                        .map(|m| (r.id.clone(), m.id))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        match app.store.notify_pending(&online, 256).await {
+            Ok(n) => metrics::counter!("hostlease_outbox_notified_total").increment(n as u64),
+            Err(e) => tracing::warn!(error = %e, "outbox notify failed"),
+        }
+    }
+}
+
+/// Reassigns lapsed leases (decided on the store clock) and elects in hostless rooms.
+async fn sweeper(app: Arc<App>) {
+    let mut ticks: u64 = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 5000))).await;
+        ticks += 1;
+        let lapsed: HashSet<RoomId> = match app.store.lapsed_rooms(1000).await {
+            Ok(v) => v.into_iter().collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "lease sweep failed");
+                continue;
+            }
+        };
+        let hubs: Vec<Arc<Room>> = app.rooms.lock().await.values().cloned().collect();
+        for hub in hubs {
+            let needs = lapsed.contains(&hub.id) || {
+                let st = hub.state.lock().expect("room lock");
+                st.current.assignment.host.is_none()
+                    && !st.closed
+                    && st.members.iter().any(|m| m.may_host)
+            };
+            if needs {
+                if let Err(e) = app.reconcile(&hub, &correlation_id()).await {
+                    tracing::warn!(error = %e, "reconcile failed");
+                }
+            }
+        }
+        if ticks % 600 == 0 {
+            if let Err(e) = app.store.housekeeping(app.cfg.log_keep).await {
+                tracing::warn!(error = %e, "housekeeping failed");
+            }
+        }
+        metrics::gauge!("hostlease_connections")
+            .set(app.connections.load(Ordering::Relaxed) as f64);
+    }
+}

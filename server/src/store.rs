@@ -1,0 +1,832 @@
+//! Durable storage behind the [`Store`] trait; [`SqliteStore`] is the embedded implementation.
+//!
+//! Every decision (grant, renewal, command) is one `BEGIN IMMEDIATE` transaction whose checks
+//! and effects, including the outbox row, commit together. Time-based decisions use the store's
+//! clock inside the SQL ([`NOW`]), never the caller's.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hostlease::protocol::{
+    Action, ActionKind, Assignment, Epoch, IdempotencyKey, InboxEntry, Item, Outcome,
+    ParticipantId, Reason, RejectCode, Role, RoomEvent, RoomId, Seq, ServerTime, SessionId,
+    SignedAssignment,
+};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqliteConnection, SqlitePool};
+
+use crate::tokens::{CapClaims, Keypair};
+
+/// The store clock in SQL: ms since the Unix epoch.
+pub const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+
+/// How long idempotency records are kept (at least 24 h, as the design requires).
+pub const IDEMPOTENCY_RETENTION_MS: i64 = 48 * 3600 * 1000;
+
+/// Webhook deliveries of one outbox row give up after this many attempts.
+pub const WEBHOOK_MAX_ATTEMPTS: i64 = 12;
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[derive(Debug)]
+pub struct StoreError(pub String);
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "store error: {}", self.0)
+    }
+}
+impl std::error::Error for StoreError {}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        StoreError(e.to_string())
+    }
+}
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        StoreError(e.to_string())
+    }
+}
+
+/// One room's durable record.
+#[derive(Debug, Clone)]
+pub struct RoomRow {
+    pub room: RoomId,
+    pub host: Option<ParticipantId>,
+    pub session: Option<SessionId>,
+    pub epoch: Epoch,
+    pub seq: Seq,
+    pub lease_expires: u64,
+    pub current: Option<SignedAssignment>,
+    pub closed: bool,
+    /// The store clock when the row was read.
+    pub now: u64,
+}
+
+impl RoomRow {
+    pub fn lease_live(&self) -> bool {
+        self.host.is_some() && self.lease_expires > self.now
+    }
+}
+
+/// A request to commit a new assignment by compare-and-swap on `expected_epoch`.
+#[derive(Debug, Clone)]
+pub struct GrantReq {
+    pub room: RoomId,
+    pub expected_epoch: Epoch,
+    pub holder: Option<(ParticipantId, SessionId)>,
+    pub lease_ms: u64,
+    pub reason: Reason,
+    /// Only if the current lease has lapsed on the store clock (or the room is hostless).
+    pub require_lapsed: bool,
+    /// Also mark the room closed.
+    pub close: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum GrantOutcome {
+    Won {
+        assignment: SignedAssignment,
+        lease_expires: u64,
+    },
+    /// Zero rows changed: someone else committed first (or the lease is still live).
+    Lost(Box<RoomRow>),
+}
+
+/// A command, with a capability whose signature the caller has verified.
+#[derive(Debug, Clone)]
+pub struct CommandReq {
+    pub room: RoomId,
+    pub sender: ParticipantId,
+    /// The sender's connection (WebSocket), or `None` for HTTP (the token's `sid` is used).
+    pub sender_session: Option<SessionId>,
+    pub claims: CapClaims,
+    pub kind: ActionKind,
+    pub action: Action,
+    pub payload: Value,
+    pub epoch: Option<Epoch>,
+    pub key: IdempotencyKey,
+    /// For `host.resign` / `host.transfer`: the next holder (chosen by the caller's election).
+    pub next_holder: Option<Option<(ParticipantId, SessionId)>>,
+    pub lease_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct CommandDone {
+    pub outcome: Outcome,
+    /// The assignment committed by a resign/transfer, if any.
+    pub assignment: Option<SignedAssignment>,
+    /// Whether this was a replay of an earlier accepted request.
+    pub replayed: bool,
+}
+
+/// The hash of a request stored with its idempotency key: SHA-256 over
+/// `action \n canonical-JSON(payload)` (keys sorted), identical for WebSocket and HTTP.
+pub fn request_hash(action: &Action, payload: &Value) -> String {
+    let mut h = Sha256::new();
+    h.update(action.as_str().as_bytes());
+    h.update(b"\n");
+    h.update(
+        serde_json::to_string(payload)
+            .unwrap_or_default()
+            .as_bytes(),
+    );
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    async fn now_ms(&self) -> StoreResult<u64>;
+    async fn room(&self, room: &RoomId) -> StoreResult<Option<RoomRow>>;
+    async fn grant(&self, req: GrantReq, signer: &Keypair) -> StoreResult<GrantOutcome>;
+    /// Renews a live lease by the room's TTL (`lease_ms` unless the room overrides it); returns
+    /// the new expiry on the store clock and the TTL used, `None` if the lease was not live.
+    async fn renew(
+        &self,
+        room: &RoomId,
+        epoch: Epoch,
+        host: &ParticipantId,
+        session: &SessionId,
+        lease_ms: u64,
+    ) -> StoreResult<Option<(u64, u64)>>;
+    /// Sets (or clears) the room's TTL override; applies from the next grant or renewal.
+    async fn set_ttl(&self, room: &RoomId, ttl_ms: Option<u64>) -> StoreResult<()>;
+    async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone>;
+    /// Items with `after < seq <= upto`, oldest first, at most `limit` of the newest; and the
+    /// lowest retained seq of the room.
+    async fn log_range(
+        &self,
+        room: &RoomId,
+        after: Seq,
+        upto: Seq,
+        limit: usize,
+    ) -> StoreResult<(Vec<Item>, Option<Seq>)>;
+    /// Outbox rows with id > `after`: `(id, room, item)`.
+    async fn outbox_after(&self, after: i64, limit: i64) -> StoreResult<Vec<(i64, RoomId, Item)>>;
+    async fn outbox_max_id(&self) -> StoreResult<i64>;
+    /// Works off up to `limit` un-notified outbox rows: writes the inbox of every participant of
+    /// the room not in `online` and marks the row notified, in one transaction each. Returns the
+    /// number handled.
+    async fn notify_pending(
+        &self,
+        online: &std::collections::HashSet<(RoomId, ParticipantId)>,
+        limit: i64,
+    ) -> StoreResult<usize>;
+    /// Claims up to `limit` outbox rows due for webhook delivery (for `claim_ms`, so that another
+    /// process does not send them meanwhile): `(id, dedup_key, item JSON, attempts)`.
+    async fn webhook_due(
+        &self,
+        limit: i64,
+        claim_ms: u64,
+    ) -> StoreResult<Vec<(i64, String, String, i64)>>;
+    /// Records a delivery attempt: done, or retry after `retry_ms`.
+    async fn webhook_result(&self, id: i64, delivered: bool, retry_ms: u64) -> StoreResult<()>;
+    async fn remember_participant(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<()>;
+    async fn inbox(
+        &self,
+        room: &RoomId,
+        p: &ParticipantId,
+        since: u64,
+        limit: i64,
+    ) -> StoreResult<Vec<InboxEntry>>;
+    /// Rooms with a host whose lease has lapsed on the store clock.
+    async fn lapsed_rooms(&self, limit: i64) -> StoreResult<Vec<RoomId>>;
+    /// Deletes idempotency records older than the retention and trims each room's log to its
+    /// newest `keep` items.
+    async fn housekeeping(&self, keep_log: i64) -> StoreResult<()>;
+}
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+    /// Keep outbox rows until their webhook is delivered (set when a webhook is configured).
+    pub keep_for_webhook: bool,
+}
+
+fn parse_id<T: TryFrom<String>>(s: Option<String>) -> Option<T> {
+    s.and_then(|s| T::try_from(s).ok())
+}
+
+fn room_from_row(room: &RoomId, r: &sqlx::sqlite::SqliteRow) -> RoomRow {
+    RoomRow {
+        room: room.clone(),
+        host: parse_id(r.get("host")),
+        session: parse_id(r.get("session")),
+        epoch: Epoch(r.get::<i64, _>("epoch") as u64),
+        seq: Seq(r.get::<i64, _>("seq") as u64),
+        lease_expires: r.get::<i64, _>("lease_expires") as u64,
+        current: r
+            .get::<Option<String>, _>("current")
+            .and_then(|s| serde_json::from_str(&s).ok()),
+        closed: r.get::<i64, _>("closed") != 0,
+        now: r.get::<i64, _>("now") as u64,
+    }
+}
+
+async fn read_room(c: &mut SqliteConnection, room: &RoomId) -> StoreResult<Option<RoomRow>> {
+    let q = format!(
+        "SELECT host, session, epoch, seq, lease_expires, current, closed, {NOW} AS now FROM rooms WHERE room = ?"
+    );
+    let r = sqlx::query(&q)
+        .bind(room.as_str())
+        .fetch_optional(&mut *c)
+        .await?;
+    Ok(r.map(|r| room_from_row(room, &r)))
+}
+
+async fn store_now(c: &mut SqliteConnection) -> StoreResult<u64> {
+    let q = format!("SELECT {NOW}");
+    let v: i64 = sqlx::query_scalar(&q).fetch_one(&mut *c).await?;
+    Ok(v as u64)
+}
+
+/// Appends an item to the log and the outbox in the caller's transaction.
+async fn append(
+    c: &mut SqliteConnection,
+    room: &RoomId,
+    seq: Seq,
+    dedup_key: &str,
+    item: &Item,
+    now: u64,
+) -> StoreResult<()> {
+    let json = serde_json::to_string(item).map_err(|e| StoreError(e.to_string()))?;
+    sqlx::query("INSERT INTO log (room, seq, item) VALUES (?, ?, ?)")
+        .bind(room.as_str())
+        .bind(seq.0 as i64)
+        .bind(&json)
+        .execute(&mut *c)
+        .await?;
+    sqlx::query(
+        "INSERT INTO outbox (kind, dedup_key, room, seq, item, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(match item {
+        Item::Assignment(_) => "assignment",
+        Item::Event(_) => "event",
+    })
+    .bind(dedup_key)
+    .bind(room.as_str())
+    .bind(seq.0 as i64)
+    .bind(&json)
+    .bind(now as i64)
+    .execute(&mut *c)
+    .await?;
+    Ok(())
+}
+
+/// The CAS grant inside an open transaction.
+async fn grant_in_tx(
+    c: &mut SqliteConnection,
+    req: &GrantReq,
+    signer: &Keypair,
+) -> StoreResult<GrantOutcome> {
+    sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
+        .bind(req.room.as_str())
+        .execute(&mut *c)
+        .await?;
+    let lapsed = if req.require_lapsed {
+        format!(" AND (host IS NULL OR lease_expires <= {NOW})")
+    } else {
+        String::new()
+    };
+    let q = format!(
+        "UPDATE rooms SET host = ?, session = ?, epoch = epoch + 1, seq = seq + 1, \
+         lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE {NOW} + COALESCE(ttl_ms, ?) END, \
+         lease_ms = COALESCE(ttl_ms, ?), closed = closed OR ? \
+         WHERE room = ? AND epoch = ?{lapsed} \
+         RETURNING epoch, seq, lease_expires, lease_ms, {NOW} AS now"
+    );
+    let (host, session) = match &req.holder {
+        Some((h, s)) => (Some(h.as_str()), Some(s.as_str())),
+        None => (None, None),
+    };
+    let row = sqlx::query(&q)
+        .bind(host)
+        .bind(session)
+        .bind(host)
+        .bind(req.lease_ms as i64)
+        .bind(req.lease_ms as i64)
+        .bind(req.close)
+        .bind(req.room.as_str())
+        .bind(req.expected_epoch.0 as i64)
+        .fetch_optional(&mut *c)
+        .await?;
+    let Some(row) = row else {
+        let cur = read_room(c, &req.room)
+            .await?
+            .ok_or_else(|| StoreError("room vanished".into()))?;
+        return Ok(GrantOutcome::Lost(Box::new(cur)));
+    };
+    let epoch = Epoch(row.get::<i64, _>("epoch") as u64);
+    let seq = Seq(row.get::<i64, _>("seq") as u64);
+    let lease_expires = row.get::<i64, _>("lease_expires") as u64;
+    let lease_ms = row.get::<i64, _>("lease_ms") as u64;
+    let now = row.get::<i64, _>("now") as u64;
+    let a = Assignment {
+        room: req.room.clone(),
+        host: req.holder.as_ref().map(|h| h.0.clone()),
+        session: req.holder.as_ref().map(|h| h.1.clone()),
+        epoch,
+        seq,
+        lease_ms: if req.holder.is_some() { lease_ms } else { 0 },
+        reason: req.reason,
+        issued_at: ServerTime(now),
+    };
+    let signed = signer.sign_assignment(a);
+    let json = serde_json::to_string(&signed).map_err(|e| StoreError(e.to_string()))?;
+    sqlx::query("UPDATE rooms SET current = ? WHERE room = ?")
+        .bind(&json)
+        .bind(req.room.as_str())
+        .execute(&mut *c)
+        .await?;
+    let dedup = format!("{}:{}", req.room, epoch.0);
+    append(
+        c,
+        &req.room,
+        seq,
+        &dedup,
+        &Item::Assignment(signed.clone()),
+        now,
+    )
+    .await?;
+    Ok(GrantOutcome::Won {
+        assignment: signed,
+        lease_expires,
+    })
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `url` (`sqlite://path`) and applies migrations.
+    pub async fn open(url: &str) -> StoreResult<Self> {
+        let path = url.strip_prefix("sqlite://").unwrap_or(url);
+        if let Some(dir) = std::path::Path::new(path).parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir).map_err(|e| StoreError(e.to_string()))?;
+            }
+        }
+        let opts = SqliteConnectOptions::from_str(&format!("sqlite://{path}"))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Self {
+            pool,
+            keep_for_webhook: false,
+        })
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn now_ms(&self) -> StoreResult<u64> {
+        let mut c = self.pool.acquire().await?;
+        store_now(&mut c).await
+    }
+
+    async fn room(&self, room: &RoomId) -> StoreResult<Option<RoomRow>> {
+        let mut c = self.pool.acquire().await?;
+        read_room(&mut c, room).await
+    }
+
+    async fn grant(&self, req: GrantReq, signer: &Keypair) -> StoreResult<GrantOutcome> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let out = grant_in_tx(&mut tx, &req, signer).await?;
+        if matches!(out, GrantOutcome::Won { .. }) {
+            tx.commit().await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(out)
+    }
+
+    async fn renew(
+        &self,
+        room: &RoomId,
+        epoch: Epoch,
+        host: &ParticipantId,
+        session: &SessionId,
+        lease_ms: u64,
+    ) -> StoreResult<Option<(u64, u64)>> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let q = format!(
+            "UPDATE rooms SET lease_expires = {NOW} + COALESCE(ttl_ms, ?) \
+             WHERE room = ? AND epoch = ? AND host = ? AND session = ? AND lease_expires > {NOW} \
+             RETURNING lease_expires, COALESCE(ttl_ms, ?)"
+        );
+        let r: Option<(i64, i64)> = sqlx::query_as(&q)
+            .bind(lease_ms as i64)
+            .bind(room.as_str())
+            .bind(epoch.0 as i64)
+            .bind(host.as_str())
+            .bind(session.as_str())
+            .bind(lease_ms as i64)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(r.map(|(e, t)| (e as u64, t as u64)))
+    }
+
+    async fn set_ttl(&self, room: &RoomId, ttl_ms: Option<u64>) -> StoreResult<()> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
+            .bind(room.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE rooms SET ttl_ms = ? WHERE room = ?")
+            .bind(ttl_ms.map(|t| t as i64))
+            .bind(room.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let now = store_now(&mut tx).await?;
+        // A room that never had a host still takes participant commands.
+        sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
+            .bind(req.room.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let row = read_room(&mut tx, &req.room).await?;
+        let current = row.as_ref().and_then(|r| r.current.clone());
+        let reject = |code: RejectCode| CommandDone {
+            outcome: Outcome::Rejected {
+                code,
+                current: current.clone(),
+                retry_after_ms: None,
+            },
+            assignment: None,
+            replayed: false,
+        };
+        let hash = request_hash(&req.action, &req.payload);
+        let c = &req.claims;
+        // Signature and kid were checked by the caller; everything else is checked here,
+        // against the row this transaction holds.
+        if c.room != req.room || c.sub != req.sender {
+            tx.rollback().await?;
+            return Ok(reject(RejectCode::BadCapability));
+        }
+        if let Some(s) = &req.sender_session {
+            if s != &c.sid {
+                tx.rollback().await?;
+                return Ok(reject(RejectCode::BadCapability));
+            }
+        }
+        // Idempotency: scoped to (room, sub), shared by both transports.
+        let prior: Option<(String, String)> = sqlx::query_as(
+            "SELECT request_hash, outcome FROM idempotency WHERE room = ? AND sub = ? AND key = ?",
+        )
+        .bind(req.room.as_str())
+        .bind(c.sub.as_str())
+        .bind(req.key.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some((h, outcome)) = prior {
+            tx.rollback().await?;
+            if h != hash {
+                return Ok(reject(RejectCode::IdempotencyConflict));
+            }
+            let outcome: Outcome =
+                serde_json::from_str(&outcome).map_err(|e| StoreError(e.to_string()))?;
+            return Ok(CommandDone {
+                outcome,
+                assignment: None,
+                replayed: true,
+            });
+        }
+        let Some(row) = row else {
+            tx.rollback().await?;
+            return Ok(reject(match req.kind {
+                ActionKind::Host => RejectCode::NotHost,
+                ActionKind::Participant => RejectCode::BadRequest,
+            }));
+        };
+        if c.exp <= now {
+            tx.rollback().await?;
+            return Ok(reject(RejectCode::BadCapability));
+        }
+        if !c.actions.contains(&req.action) {
+            tx.rollback().await?;
+            return Ok(reject(RejectCode::ActionNotGranted));
+        }
+        if row.closed {
+            tx.rollback().await?;
+            return Ok(reject(RejectCode::BadRequest));
+        }
+        if req.kind == ActionKind::Host {
+            if c.role != Role::Host {
+                tx.rollback().await?;
+                return Ok(reject(RejectCode::BadCapability));
+            }
+            if c.epoch != Some(row.epoch) || req.epoch.is_some_and(|e| e != row.epoch) {
+                tx.rollback().await?;
+                return Ok(reject(RejectCode::StaleEpoch));
+            }
+            if row.host.as_ref() != Some(&c.sub) || row.session.as_ref() != Some(&c.sid) {
+                tx.rollback().await?;
+                return Ok(reject(RejectCode::NotHost));
+            }
+            if now >= row.lease_expires {
+                tx.rollback().await?;
+                return Ok(reject(RejectCode::LeaseExpired));
+            }
+        }
+        // The effect: a room event on the room's seq, then (resign/transfer) the grant.
+        let seq = row.seq.next();
+        sqlx::query("UPDATE rooms SET seq = ? WHERE room = ? AND epoch = ?")
+            .bind(seq.0 as i64)
+            .bind(req.room.as_str())
+            .bind(row.epoch.0 as i64)
+            .execute(&mut *tx)
+            .await?;
+        let event = RoomEvent {
+            seq,
+            epoch: row.epoch,
+            actor: c.sub.clone(),
+            action: req.action.clone(),
+            payload: req.payload.clone(),
+            at: ServerTime(now),
+        };
+        let dedup = format!("{}:{}", req.room, seq.0);
+        append(&mut tx, &req.room, seq, &dedup, &Item::Event(event), now).await?;
+        let mut assignment = None;
+        if let Some(next) = &req.next_holder {
+            let reason = if req.action.as_str() == hostlease::protocol::ACTION_TRANSFER {
+                Reason::Transferred
+            } else {
+                Reason::Resigned
+            };
+            let g = GrantReq {
+                room: req.room.clone(),
+                expected_epoch: row.epoch,
+                holder: next.clone(),
+                lease_ms: req.lease_ms,
+                reason,
+                require_lapsed: false,
+                close: false,
+            };
+            match grant_in_tx(&mut tx, &g, signer).await? {
+                GrantOutcome::Won { assignment: a, .. } => assignment = Some(a),
+                GrantOutcome::Lost(_) => {
+                    tx.rollback().await?;
+                    return Ok(reject(RejectCode::StaleEpoch));
+                }
+            }
+        }
+        let outcome = Outcome::Accepted { seq };
+        sqlx::query(
+            "INSERT INTO idempotency (room, sub, key, request_hash, outcome, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(req.room.as_str())
+        .bind(c.sub.as_str())
+        .bind(req.key.as_str())
+        .bind(&hash)
+        .bind(serde_json::to_string(&outcome).map_err(|e| StoreError(e.to_string()))?)
+        .bind(now as i64)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(CommandDone {
+            outcome,
+            assignment,
+            replayed: false,
+        })
+    }
+
+    async fn log_range(
+        &self,
+        room: &RoomId,
+        after: Seq,
+        upto: Seq,
+        limit: usize,
+    ) -> StoreResult<(Vec<Item>, Option<Seq>)> {
+        let mut c = self.pool.acquire().await?;
+        let rows: Vec<String> = sqlx::query_scalar(
+            "SELECT item FROM log WHERE room = ? AND seq > ? AND seq <= ? ORDER BY seq DESC LIMIT ?",
+        )
+        .bind(room.as_str())
+        .bind(after.0 as i64)
+        .bind(upto.0 as i64)
+        .bind(limit as i64)
+        .fetch_all(&mut *c)
+        .await?;
+        let mut items: Vec<Item> = rows
+            .iter()
+            .filter_map(|s| serde_json::from_str(s).ok())
+            .collect();
+        items.reverse();
+        let min: Option<i64> = sqlx::query_scalar("SELECT MIN(seq) FROM log WHERE room = ?")
+            .bind(room.as_str())
+            .fetch_one(&mut *c)
+            .await?;
+        Ok((items, min.map(|m| Seq(m as u64))))
+    }
+
+    async fn outbox_after(&self, after: i64, limit: i64) -> StoreResult<Vec<(i64, RoomId, Item)>> {
+        let rows: Vec<(i64, String, String)> =
+            sqlx::query_as("SELECT id, room, item FROM outbox WHERE id > ? ORDER BY id LIMIT ?")
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, room, item)| {
+                Some((
+                    id,
+                    RoomId::new(room).ok()?,
+                    serde_json::from_str(&item).ok()?,
+                ))
+            })
+            .collect())
+    }
+
+    async fn outbox_max_id(&self) -> StoreResult<i64> {
+        let v: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM outbox")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(v.unwrap_or(0))
+    }
+
+    async fn notify_pending(
+        &self,
+        online: &std::collections::HashSet<(RoomId, ParticipantId)>,
+        limit: i64,
+    ) -> StoreResult<usize> {
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT id, room, item FROM outbox WHERE notified_at IS NULL ORDER BY id LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        let n = rows.len();
+        for (id, room, item) in rows {
+            let Ok(room_id) = RoomId::new(room.clone()) else {
+                continue;
+            };
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let q = format!(
+                "UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL"
+            );
+            let claimed = sqlx::query(&q)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if claimed == 0 {
+                tx.rollback().await?; // another process got it
+                continue;
+            }
+            let parts: Vec<String> =
+                sqlx::query_scalar("SELECT participant FROM participants WHERE room = ?")
+                    .bind(&room)
+                    .fetch_all(&mut *tx)
+                    .await?;
+            for p in parts {
+                let Ok(pid) = ParticipantId::new(p.clone()) else {
+                    continue;
+                };
+                if online.contains(&(room_id.clone(), pid)) {
+                    continue;
+                }
+                sqlx::query("INSERT INTO inbox (room, participant, item) VALUES (?, ?, ?)")
+                    .bind(&room)
+                    .bind(&p)
+                    .bind(&item)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(n)
+    }
+
+    async fn webhook_due(
+        &self,
+        limit: i64,
+        claim_ms: u64,
+    ) -> StoreResult<Vec<(i64, String, String, i64)>> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let q = format!(
+            "UPDATE outbox SET webhook_next_at = {NOW} + ? WHERE id IN (\
+             SELECT id FROM outbox WHERE webhook_done_at IS NULL AND webhook_next_at <= {NOW} \
+             AND webhook_attempts < ? ORDER BY id LIMIT ?) \
+             RETURNING id, kind || ':' || dedup_key, item, webhook_attempts"
+        );
+        let mut rows: Vec<(i64, String, String, i64)> = sqlx::query_as(&q)
+            .bind(claim_ms as i64)
+            .bind(WEBHOOK_MAX_ATTEMPTS)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        rows.sort_by_key(|r| r.0);
+        Ok(rows)
+    }
+
+    async fn webhook_result(&self, id: i64, delivered: bool, retry_ms: u64) -> StoreResult<()> {
+        if delivered {
+            let q = format!(
+                "UPDATE outbox SET webhook_done_at = {NOW}, webhook_attempts = webhook_attempts + 1 WHERE id = ?"
+            );
+            sqlx::query(&q).bind(id).execute(&self.pool).await?;
+        } else {
+            let q = format!(
+                "UPDATE outbox SET webhook_next_at = {NOW} + ?, webhook_attempts = webhook_attempts + 1 WHERE id = ?"
+            );
+            sqlx::query(&q)
+                .bind(retry_ms as i64)
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn remember_participant(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<()> {
+        sqlx::query("INSERT OR IGNORE INTO participants (room, participant) VALUES (?, ?)")
+            .bind(room.as_str())
+            .bind(p.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn inbox(
+        &self,
+        room: &RoomId,
+        p: &ParticipantId,
+        since: u64,
+        limit: i64,
+    ) -> StoreResult<Vec<InboxEntry>> {
+        let rows: Vec<(i64, String)> = sqlx::query_as(
+            "SELECT cursor, item FROM inbox WHERE room = ? AND participant = ? AND cursor > ? ORDER BY cursor LIMIT ?",
+        )
+        .bind(room.as_str())
+        .bind(p.as_str())
+        .bind(since as i64)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(c, item)| {
+                Some(InboxEntry {
+                    cursor: c as u64,
+                    item: serde_json::from_str(&item).ok()?,
+                })
+            })
+            .collect())
+    }
+
+    async fn lapsed_rooms(&self, limit: i64) -> StoreResult<Vec<RoomId>> {
+        let q = format!(
+            "SELECT room FROM rooms WHERE host IS NOT NULL AND lease_expires <= {NOW} AND closed = 0 LIMIT ?"
+        );
+        let rows: Vec<String> = sqlx::query_scalar(&q)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| RoomId::new(r).ok())
+            .collect())
+    }
+
+    async fn housekeeping(&self, keep_log: i64) -> StoreResult<()> {
+        let q = format!("DELETE FROM idempotency WHERE created_at < {NOW} - ?");
+        sqlx::query(&q)
+            .bind(IDEMPOTENCY_RETENTION_MS)
+            .execute(&self.pool)
+            .await?;
+        sqlx::query(
+            "DELETE FROM log WHERE seq <= (SELECT r.seq FROM rooms r WHERE r.room = log.room) - ?",
+        )
+        .bind(keep_log)
+        .execute(&self.pool)
+        .await?;
+        let q = format!(
+            "DELETE FROM outbox WHERE notified_at IS NOT NULL AND created_at < {NOW} - 3600000 \
+             AND (webhook_done_at IS NOT NULL OR webhook_attempts >= {WEBHOOK_MAX_ATTEMPTS} OR ?1)"
+        );
+        sqlx::query(&q)
+            .bind(!self.keep_for_webhook)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,93 @@
+//! Durable notification by webhook: every outbox row is POSTed to the configured URL, with
+//! retry and exponential backoff, until a 2xx answer.
+//!
+//! Request: `POST <url>`, body = the item JSON (`{"kind":"assignment",...}` or
+//! `{"kind":"event",...}`), headers `Content-Type: application/json`,
+//! `Idempotency-Key: <kind>:<room>:<epoch|seq>` (the outbox dedup key: a receiver drops
+//! repeats with it) and `X-Hostlease-Signature: sha256=<hex HMAC-SHA256(secret, body)>`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+
+use crate::rooms::App;
+
+/// `sha256=<hex>` of HMAC-SHA256 over `body`.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("HMAC takes any key");
+    mac.update(body);
+    let out = mac.finalize().into_bytes();
+    let hex: String = out.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256={hex}")
+}
+
+/// Delay before attempt `attempts + 1`: 500 ms doubling, capped at 5 min, with full jitter.
+pub fn backoff_ms(attempts: i64) -> u64 {
+    let cap = 500u64
+        .saturating_mul(1u64 << attempts.clamp(0, 20))
+        .min(300_000);
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("random source");
+    cap / 2 + u64::from_le_bytes(b) % (cap / 2 + 1)
+}
+
+pub async fn worker(app: Arc<App>) {
+    let Some(url) = app.cfg.webhook_url.clone() else {
+        return;
+    };
+    let secret = app.cfg.webhook_secret.clone().unwrap_or_default();
+    let client = match reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "webhook client could not be built");
+            return;
+        }
+    };
+    let poll = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2);
+    loop {
+        tokio::time::sleep(poll).await;
+        let due = match app.store.webhook_due(64, 30_000).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "webhook outbox read failed");
+                continue;
+            }
+        };
+        for (id, key, body, attempts) in due {
+            let sig = signature(secret.as_bytes(), body.as_bytes());
+            let res = client
+                .post(&url)
+                .header("content-type", "application/json")
+                .header("idempotency-key", &key)
+                .header("x-hostlease-signature", sig)
+                .body(body)
+                .send()
+                .await;
+            let delivered = matches!(&res, Ok(r) if r.status().is_success());
+            if delivered {
+                metrics::counter!("hostlease_webhook_deliveries_total", "result" => "ok")
+                    .increment(1);
+            } else {
+                metrics::counter!("hostlease_webhook_deliveries_total", "result" => "retry")
+                    .increment(1);
+                tracing::warn!(
+                    outbox_id = id,
+                    attempts = attempts + 1,
+                    "webhook delivery failed; will retry"
+                );
+            }
+            if let Err(e) = app
+                .store
+                .webhook_result(id, delivered, backoff_ms(attempts))
+                .await
+            {
+                tracing::warn!(error = %e, "webhook result not recorded");
+            }
+        }
+    }
+}

@@ -1,0 +1,782 @@
+//! The live session: `GET /v1/rooms/{room}/ws`.
+//!
+//! hello (join token in the first frame) → welcome at the subscription point → participant
+//! capability → the room stream. A host session is probed every `ttl/3`; each echo renews the
+//! lease in the store and is answered by `lease_confirm` and a fresh host capability.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use futures_util::{SinkExt, StreamExt};
+use hostlease::core::elect;
+use hostlease::protocol::{
+    codec::{decode_client, encode_server, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_REPLAY},
+    Action, ActionKind, ClientMsg, DecodeError, Epoch, ErrorCode, Gap, IdempotencyKey, Item,
+    Member, Outcome, ParticipantId, Reason, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId,
+    Token, ACTION_RESIGN, ACTION_TRANSFER,
+};
+use serde_json::Value;
+use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
+
+use crate::rooms::{correlation_id, App, Bcast, Direct, Room};
+use crate::store::CommandReq;
+use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
+
+type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
+
+fn frame(msg: &ServerMsg) -> Message {
+    Message::Text(encode_server(msg).into())
+}
+
+fn error_msg(code: ErrorCode, message: &str) -> ServerMsg {
+    ServerMsg::Error {
+        code,
+        message: message.chars().take(200).collect(),
+    }
+}
+
+async fn close_with(sink: &mut Sink, code: ErrorCode, message: &str) {
+    metrics::counter!("hostlease_ws_errors_total", "code" => code.as_str()).increment(1);
+    let _ = sink.send(frame(&error_msg(code, message))).await;
+    let _ = sink
+        .send(Message::Close(Some(CloseFrame {
+            code: if code == ErrorCode::Internal {
+                1011
+            } else {
+                1008
+            },
+            reason: code.as_str().into(),
+        })))
+        .await;
+    let _ = sink.close().await;
+}
+
+fn decode_error_code(e: &DecodeError) -> ErrorCode {
+    match e {
+        DecodeError::TooLarge { .. } => ErrorCode::FrameTooLarge,
+        DecodeError::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
+        _ => ErrorCode::BadFrame,
+    }
+}
+
+/// A token bucket for the per-connection message rate.
+struct Bucket {
+    tokens: f64,
+    rate: f64,
+    burst: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        self.tokens =
+            (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+fn random_session() -> SessionId {
+    let mut b = [0u8; 12];
+    getrandom::fill(&mut b).expect("random source");
+    let s: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    SessionId::new(format!("s-{s}")).expect("valid session id")
+}
+
+/// Decrements the connection count when the session ends, however it ends.
+struct ConnGuard(Arc<App>);
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
+    let (mut sink, mut stream) = socket.split();
+    let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    let _guard = ConnGuard(app.clone());
+    if count > app.cfg.max_connections {
+        close_with(
+            &mut sink,
+            ErrorCode::TooManyConnections,
+            "too many connections",
+        )
+        .await;
+        return;
+    }
+    // The first frame must be a hello, within a bounded time.
+    let first = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;
+    let text = match first {
+        Ok(Some(Ok(Message::Text(t)))) => t,
+        Ok(Some(Ok(Message::Binary(_)))) => {
+            close_with(
+                &mut sink,
+                ErrorCode::BadFrame,
+                "binary frames are not accepted",
+            )
+            .await;
+            return;
+        }
+        _ => {
+            close_with(&mut sink, ErrorCode::UnexpectedMessage, "expected hello").await;
+            return;
+        }
+    };
+    let (token, resume) = match decode_client(text.as_str()) {
+        Ok(ClientMsg::Hello { token, resume, .. }) => (token, resume),
+        Ok(_) => {
+            close_with(
+                &mut sink,
+                ErrorCode::UnexpectedMessage,
+                "the first frame must be hello",
+            )
+            .await;
+            return;
+        }
+        Err(e) => {
+            close_with(&mut sink, decode_error_code(&e), e.code()).await;
+            return;
+        }
+    };
+    let claims: JoinClaims = match app.join_keys.verify(JOIN_PREFIX, token.expose()) {
+        Ok(c) => c,
+        Err(_) => {
+            close_with(&mut sink, ErrorCode::Unauthorized, "join token refused").await;
+            return;
+        }
+    };
+    if claims.room != room_id || claims.exp <= crate::tokens::now_ms() {
+        close_with(&mut sink, ErrorCode::Unauthorized, "join token refused").await;
+        return;
+    }
+    drop(token);
+    let room = match app.room(&room_id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            close_with(&mut sink, ErrorCode::TooManyRooms, "too many rooms").await;
+            return;
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "room load failed");
+            close_with(&mut sink, ErrorCode::Internal, "storage unavailable").await;
+            return;
+        }
+    };
+    let session = random_session();
+    let (dtx, drx) = mpsc::channel::<Direct>(256);
+    // The subscription point: join, snapshot and subscribe under one lock, so that nothing
+    // published falls between the snapshot and the stream.
+    let joined = {
+        let mut st = room.state.lock().expect("room lock");
+        if st.closed {
+            Err(ErrorCode::RoomClosed)
+        } else if st.members.len() >= app.cfg.max_members.min(MAX_MEMBERS) {
+            Err(ErrorCode::RoomFull)
+        } else {
+            let member = Member {
+                id: claims.sub.clone(),
+                session: session.clone(),
+                name: claims.name.chars().take(64).collect(),
+                join_seq: st.next_join,
+                may_host: claims.may_host,
+            };
+            st.next_join += 1;
+            st.members.push(member.clone());
+            st.conns.insert(session.clone(), dtx);
+            let snapshot = app.snapshot_locked(&room, &st, None);
+            let rx = room.tx.subscribe();
+            let _ = room.tx.send(Bcast::Presence {
+                frame: Arc::new(encode_server(&ServerMsg::Presence {
+                    member: member.clone(),
+                    online: true,
+                })),
+            });
+            Ok((member, snapshot, rx))
+        }
+    };
+    let (member, snapshot, rx) = match joined {
+        Ok(j) => j,
+        Err(code) => {
+            close_with(&mut sink, code, code.as_str()).await;
+            app.release(&room).await;
+            return;
+        }
+    };
+    let _ = app.store.remember_participant(&room_id, &claims.sub).await;
+    let mut conn = Conn {
+        app: app.clone(),
+        room: room.clone(),
+        me: claims.sub.clone(),
+        session: session.clone(),
+        sink,
+        host_epoch: None,
+        host_ttl: app.cfg.lease_ms,
+        probe_nonce: 0,
+        next_probe: None,
+        participant_refresh: Instant::now(),
+        bucket: Bucket {
+            tokens: app.cfg.msg_burst,
+            rate: app.cfg.msg_rate,
+            burst: app.cfg.msg_burst,
+            at: Instant::now(),
+        },
+    };
+    let explicit = conn.live(snapshot, resume, rx, drx, &mut stream).await;
+    // Leaving: remove the member and tell the room; a host that left explicitly is replaced at
+    // once, a dead connection only stops renewing (the sweeper reassigns after expiry).
+    {
+        let mut st = room.state.lock().expect("room lock");
+        st.members.retain(|m| m.session != session);
+        st.conns.remove(&session);
+        let _ = room.tx.send(Bcast::Presence {
+            frame: Arc::new(encode_server(&ServerMsg::Presence {
+                member,
+                online: false,
+            })),
+        });
+    }
+    if explicit {
+        if let Err(e) = app
+            .replace_host(&room, &session, Reason::Left, &correlation_id())
+            .await
+        {
+            tracing::warn!(error = %e, "replace host failed");
+        }
+    }
+    app.release(&room).await;
+}
+
+struct Conn {
+    app: Arc<App>,
+    room: Arc<Room>,
+    me: ParticipantId,
+    session: SessionId,
+    sink: Sink,
+    /// Set while the latest assignment names this session: the epoch being probed.
+    host_epoch: Option<Epoch>,
+    /// The TTL of the current grant to this session (probe interval is a third of it).
+    host_ttl: u64,
+    probe_nonce: u64,
+    next_probe: Option<Instant>,
+    participant_refresh: Instant,
+    bucket: Bucket,
+}
+
+enum Flow {
+    Continue,
+    /// Ended; `true` when the client left explicitly (leave frame or its own close).
+    End(bool),
+}
+
+impl Conn {
+    async fn send(&mut self, msg: &ServerMsg) -> bool {
+        self.sink.send(frame(msg)).await.is_ok()
+    }
+
+    async fn live(
+        &mut self,
+        snapshot: hostlease::protocol::Snapshot,
+        resume: Option<Seq>,
+        mut rx: broadcast::Receiver<Bcast>,
+        mut drx: mpsc::Receiver<Direct>,
+        stream: &mut futures_util::stream::SplitStream<WebSocket>,
+    ) -> bool {
+        if !self.welcome(snapshot, resume).await {
+            return false;
+        }
+        if !self.send_participant_capability().await {
+            return false;
+        }
+        // A join may make someone host (first eligible member of a hostless room).
+        {
+            let app = self.app.clone();
+            let room = self.room.clone();
+            tokio::spawn(async move {
+                if let Err(e) = app.reconcile(&room, &correlation_id()).await {
+                    tracing::warn!(error = %e, "reconcile failed");
+                }
+            });
+        }
+        let mut shutdown = self.app.shutdown.subscribe();
+        loop {
+            let probe_at = self.next_probe;
+            let flow = tokio::select! {
+                m = stream.next() => self.on_client(m).await,
+                b = rx.recv() => match b {
+                    Ok(b) => self.on_broadcast(b).await,
+                    // A slow client: it sees a seq gap on the next item and resumes.
+                    Err(broadcast::error::RecvError::Lagged(_)) => Flow::Continue,
+                    Err(broadcast::error::RecvError::Closed) => Flow::End(false),
+                },
+                d = drx.recv() => match d {
+                    Some(Direct::Frame(f)) => {
+                        if self.sink.send(Message::Text(f.into())).await.is_ok() { Flow::Continue } else { Flow::End(false) }
+                    }
+                    Some(Direct::Close(f)) => {
+                        let _ = self.sink.send(Message::Text(f.into())).await;
+                        let _ = self.sink.send(Message::Close(None)).await;
+                        Flow::End(false)
+                    }
+                    None => Flow::End(false),
+                },
+                _ = async { tokio::time::sleep_until(probe_at.unwrap_or_else(Instant::now)).await }, if probe_at.is_some() => {
+                    self.probe().await
+                }
+                _ = tokio::time::sleep_until(self.participant_refresh) => {
+                    if self.send_participant_capability().await { Flow::Continue } else { Flow::End(false) }
+                }
+                _ = shutdown.changed() => {
+                    close_with(&mut self.sink, ErrorCode::Internal, "server shutting down").await;
+                    Flow::End(false)
+                }
+            };
+            if let Flow::End(explicit) = flow {
+                return explicit;
+            }
+        }
+    }
+
+    /// The welcome for `hello`/`resume`: the snapshot, and the items after `resume` up to it
+    /// (bounded by `MAX_REPLAY`; older or trimmed ones are announced as a gap).
+    async fn welcome(
+        &mut self,
+        mut snapshot: hostlease::protocol::Snapshot,
+        resume: Option<Seq>,
+    ) -> bool {
+        let mut missed = Vec::new();
+        let mut discontinuity = None;
+        if let Some(cursor) = resume {
+            if cursor < snapshot.seq {
+                match self
+                    .app
+                    .store
+                    .log_range(&self.room.id, cursor, snapshot.seq, MAX_REPLAY)
+                    .await
+                {
+                    Ok((items, _min)) => {
+                        let first = items.first().map_or(snapshot.seq.next(), Item::seq);
+                        if first > cursor.next() {
+                            discontinuity = Some(Gap {
+                                from: cursor.next(),
+                                to: Seq(first.0 - 1),
+                            });
+                        }
+                        missed = items;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "log read failed");
+                        close_with(&mut self.sink, ErrorCode::Internal, "storage unavailable")
+                            .await;
+                        return false;
+                    }
+                }
+            }
+        }
+        let names_me = snapshot.current.assignment.names(&self.me, &self.session);
+        if names_me {
+            if let Ok(Some(row)) = self.app.store.room(&self.room.id).await {
+                if row.epoch == snapshot.current.assignment.epoch && row.lease_live() {
+                    snapshot.lease_remaining_ms = Some(row.lease_expires - row.now);
+                }
+            }
+        }
+        let epoch = snapshot.current.assignment.epoch;
+        if names_me {
+            self.host_ttl = snapshot.current.assignment.lease_ms.max(3);
+        }
+        let ok = self
+            .send(&ServerMsg::Welcome {
+                you: self.me.clone(),
+                session: self.session.clone(),
+                snapshot,
+                missed,
+                discontinuity,
+            })
+            .await;
+        if ok && names_me {
+            self.become_host(epoch);
+        }
+        ok
+    }
+
+    fn become_host(&mut self, epoch: Epoch) {
+        if self.host_epoch != Some(epoch) {
+            self.host_epoch = Some(epoch);
+            self.next_probe = Some(Instant::now());
+        }
+    }
+
+    async fn send_participant_capability(&mut self) -> bool {
+        let ttl = self.app.cfg.participant_token_ms;
+        let actions = self.app.cfg.actions.participant.clone();
+        let claims = CapClaims {
+            room: self.room.id.clone(),
+            sub: self.me.clone(),
+            sid: self.session.clone(),
+            role: Role::Participant,
+            epoch: None,
+            actions: actions.clone(),
+            exp: crate::tokens::now_ms() + ttl,
+            kid: self.app.keys.kid.clone(),
+        };
+        let token = Token::new(self.app.keys.sign_token(CAP_PREFIX, &claims));
+        self.participant_refresh = Instant::now() + Duration::from_millis(ttl * 3 / 4);
+        self.send(&ServerMsg::Capability {
+            role: Role::Participant,
+            token,
+            epoch: None,
+            actions,
+            expires_in_ms: ttl,
+        })
+        .await
+    }
+
+    async fn probe(&mut self) -> Flow {
+        let Some(epoch) = self.host_epoch else {
+            self.next_probe = None;
+            return Flow::Continue;
+        };
+        self.probe_nonce = {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b).expect("random source");
+            u64::from_le_bytes(b) >> 11
+        };
+        self.next_probe = Some(Instant::now() + Duration::from_millis((self.host_ttl / 3).max(1)));
+        if self
+            .send(&ServerMsg::LeaseProbe {
+                nonce: self.probe_nonce,
+                epoch,
+            })
+            .await
+        {
+            Flow::Continue
+        } else {
+            Flow::End(false)
+        }
+    }
+
+    async fn on_echo(&mut self, nonce: u64) -> Flow {
+        let Some(epoch) = self.host_epoch else {
+            return Flow::Continue;
+        };
+        if nonce != self.probe_nonce {
+            return Flow::Continue;
+        }
+        match self
+            .app
+            .store
+            .renew(
+                &self.room.id,
+                epoch,
+                &self.me,
+                &self.session,
+                self.app.cfg.lease_ms,
+            )
+            .await
+        {
+            Ok(Some((expires, lease_ms))) => {
+                self.host_ttl = lease_ms.max(3);
+                let mut actions = self.app.action_table().host;
+                actions.dedup();
+                let claims = CapClaims {
+                    room: self.room.id.clone(),
+                    sub: self.me.clone(),
+                    sid: self.session.clone(),
+                    role: Role::Host,
+                    epoch: Some(epoch),
+                    actions: actions.clone(),
+                    exp: expires,
+                    kid: self.app.keys.kid.clone(),
+                };
+                let token = Token::new(self.app.keys.sign_token(CAP_PREFIX, &claims));
+                let ok = self
+                    .send(&ServerMsg::LeaseConfirm {
+                        nonce,
+                        epoch,
+                        remaining_ms: lease_ms,
+                    })
+                    .await
+                    && self
+                        .send(&ServerMsg::Capability {
+                            role: Role::Host,
+                            token,
+                            epoch: Some(epoch),
+                            actions,
+                            expires_in_ms: lease_ms,
+                        })
+                        .await;
+                if ok {
+                    Flow::Continue
+                } else {
+                    Flow::End(false)
+                }
+            }
+            Ok(None) => {
+                // The lease is gone (lapsed or superseded): stop probing; the sweeper decides.
+                self.host_epoch = None;
+                self.next_probe = None;
+                Flow::Continue
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "lease renewal failed");
+                Flow::Continue
+            }
+        }
+    }
+
+    async fn on_broadcast(&mut self, b: Bcast) -> Flow {
+        let f = match &b {
+            Bcast::Item { frame, .. } | Bcast::Presence { frame } => frame.clone(),
+        };
+        if self
+            .sink
+            .send(Message::Text(f.as_str().into()))
+            .await
+            .is_err()
+        {
+            return Flow::End(false);
+        }
+        if let Bcast::Item { item, .. } = b {
+            if let Item::Assignment(a) = item.as_ref() {
+                if a.assignment.names(&self.me, &self.session) {
+                    // A new grant to this session: the assignment went first, the probe follows.
+                    self.host_ttl = a.assignment.lease_ms.max(3);
+                    self.become_host(a.assignment.epoch);
+                    if let Flow::End(e) = self.probe().await {
+                        return Flow::End(e);
+                    }
+                } else {
+                    self.host_epoch = None;
+                    self.next_probe = None;
+                }
+            }
+        }
+        Flow::Continue
+    }
+
+    async fn on_client(&mut self, m: Option<Result<Message, axum::Error>>) -> Flow {
+        let text = match m {
+            Some(Ok(Message::Text(t))) => t,
+            Some(Ok(Message::Close(_))) => return Flow::End(true),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Flow::Continue,
+            Some(Ok(Message::Binary(_))) => {
+                close_with(
+                    &mut self.sink,
+                    ErrorCode::BadFrame,
+                    "binary frames are not accepted",
+                )
+                .await;
+                return Flow::End(false);
+            }
+            Some(Err(_)) | None => return Flow::End(false),
+        };
+        if !self.bucket.take() {
+            close_with(
+                &mut self.sink,
+                ErrorCode::RateLimited,
+                "message rate exceeded",
+            )
+            .await;
+            return Flow::End(false);
+        }
+        if text.len() > MAX_CLIENT_FRAME {
+            close_with(&mut self.sink, ErrorCode::FrameTooLarge, "frame too large").await;
+            return Flow::End(false);
+        }
+        let msg = match decode_client(text.as_str()) {
+            Ok(m) => m,
+            Err(DecodeError::UnknownType) => return Flow::Continue, // newer client; ignore
+            Err(e) => {
+                close_with(&mut self.sink, decode_error_code(&e), e.code()).await;
+                return Flow::End(false);
+            }
+        };
+        match msg {
+            ClientMsg::Hello { .. } => {
+                close_with(
+                    &mut self.sink,
+                    ErrorCode::UnexpectedMessage,
+                    "hello came twice",
+                )
+                .await;
+                Flow::End(false)
+            }
+            ClientMsg::Resume { cursor } => {
+                // A fresh subscription point is not needed: this socket is already subscribed
+                // and the snapshot is taken from the published state, so the stream continues
+                // right after it.
+                let snapshot = self.app.snapshot(&self.room, None);
+                if self.welcome(snapshot, Some(cursor)).await {
+                    Flow::Continue
+                } else {
+                    Flow::End(false)
+                }
+            }
+            ClientMsg::LeaseEcho { nonce } => self.on_echo(nonce).await,
+            ClientMsg::Leave => {
+                let _ = self.sink.send(Message::Close(None)).await;
+                Flow::End(true)
+            }
+            ClientMsg::Command {
+                id,
+                action,
+                payload,
+                epoch,
+                capability,
+            } => {
+                let outcome = command(
+                    &self.app,
+                    &self.room,
+                    Some((&self.me, &self.session)),
+                    &capability,
+                    id.clone(),
+                    action,
+                    payload,
+                    epoch,
+                )
+                .await;
+                if self.send(&ServerMsg::CommandResult { id, outcome }).await {
+                    Flow::Continue
+                } else {
+                    Flow::End(false)
+                }
+            }
+            ClientMsg::Signal {
+                to,
+                to_session,
+                data,
+            } => {
+                let f = encode_server(&ServerMsg::Signal {
+                    from: self.me.clone(),
+                    from_session: self.session.clone(),
+                    data,
+                });
+                self.app.direct(
+                    &self.room,
+                    |m| m.id == to && to_session.as_ref().is_none_or(|s| &m.session == s),
+                    || Direct::Frame(f.clone()),
+                );
+                Flow::Continue
+            }
+            _ => Flow::Continue,
+        }
+    }
+}
+
+/// One command, from either transport: verify the capability's signature, choose the next
+/// holder for resign/transfer from the local membership, and let the store check the rest and
+/// apply the effect in one transaction.
+#[allow(clippy::too_many_arguments)]
+pub async fn command(
+    app: &Arc<App>,
+    room: &Arc<Room>,
+    sender: Option<(&ParticipantId, &SessionId)>,
+    capability: &Token,
+    key: IdempotencyKey,
+    action: Action,
+    payload: Value,
+    epoch: Option<Epoch>,
+) -> Outcome {
+    let current = || Some(room.state.lock().expect("room lock").current.clone());
+    let reject = |code: RejectCode| {
+        metrics::counter!("hostlease_commands_total", "result" => code.as_str()).increment(1);
+        Outcome::Rejected {
+            code,
+            current: current(),
+            retry_after_ms: None,
+        }
+    };
+    let claims: CapClaims = match app.cap_keys.verify(CAP_PREFIX, capability.expose()) {
+        Ok(c) => c,
+        Err(_) => return reject(RejectCode::BadCapability),
+    };
+    let kind = if action.as_str() == ACTION_RESIGN || action.as_str() == ACTION_TRANSFER {
+        ActionKind::Host
+    } else {
+        match app.cfg.actions.kind(&action) {
+            Some(k) => k,
+            None => return reject(RejectCode::ActionNotGranted),
+        }
+    };
+    let next_holder = if action.as_str() == ACTION_RESIGN {
+        let members = room.members();
+        Some(
+            elect(members.iter().filter(|m| m.session != claims.sid))
+                .map(|m| (m.id.clone(), m.session.clone())),
+        )
+    } else if action.as_str() == ACTION_TRANSFER {
+        let to = payload
+            .get("to")
+            .and_then(Value::as_str)
+            .and_then(|s| ParticipantId::new(s).ok());
+        let Some(to) = to else {
+            return reject(RejectCode::BadRequest);
+        };
+        let members = room.members();
+        match elect(
+            members
+                .iter()
+                .filter(|m| m.id == to && m.session != claims.sid),
+        ) {
+            Some(m) => Some(Some((m.id.clone(), m.session.clone()))),
+            None => return reject(RejectCode::BadRequest),
+        }
+    } else {
+        None
+    };
+    let (sender_id, sender_session) = match sender {
+        Some((p, s)) => (p.clone(), Some(s.clone())),
+        None => (claims.sub.clone(), None),
+    };
+    let old = if next_holder.is_some() {
+        app.store.room(&room.id).await.ok().flatten()
+    } else {
+        None
+    };
+    let req = CommandReq {
+        room: room.id.clone(),
+        sender: sender_id,
+        sender_session,
+        claims,
+        kind,
+        action,
+        payload,
+        epoch,
+        key,
+        next_holder,
+        lease_ms: app.cfg.lease_ms,
+    };
+    match app.store.command(req, &app.keys).await {
+        Ok(done) => {
+            if !done.replayed {
+                app.committed.notify_one();
+            }
+            if let Some(a) = &done.assignment {
+                crate::rooms::log_reassign(old.as_ref(), &a.assignment, &correlation_id());
+            }
+            let result = match &done.outcome {
+                Outcome::Accepted { .. } => "accepted",
+                Outcome::Rejected { code, .. } => code.as_str(),
+            };
+            metrics::counter!("hostlease_commands_total", "result" => result).increment(1);
+            done.outcome
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "command failed in store");
+            Outcome::Rejected {
+                code: RejectCode::Unavailable,
+                current: current(),
+                retry_after_ms: Some(500),
+            }
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The admin API (each action is a grant like any other), racing triggers, the CLI and
+//! graceful shutdown.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use hostlease::core::Phase;
+use hostlease::protocol::{Epoch, ErrorCode, Reason, RoomId, ServerMsg};
+use hostlease_server::store::{GrantOutcome, GrantReq};
+
+#[tokio::test]
+async fn admin_reassign_kick_and_close() {
+    let srv = start(test_config()).await;
+    let base = format!("http://{}/v1/admin/rooms/adm", srv.addr);
+    let http = reqwest::Client::new();
+    let mut a = Sdk::join(
+        srv.addr,
+        "adm",
+        join_token(&srv.app_key, "adm", "alice", true),
+    )
+    .await;
+    a.pump_until("alice host", |s| s.has_authority()).await;
+    let mut b = Sdk::join(
+        srv.addr,
+        "adm",
+        join_token(&srv.app_key, "adm", "bob", true),
+    )
+    .await;
+    b.pump_until("bob live", |s| s.view.phase() == Phase::Live)
+        .await;
+    let mut c = Sdk::join(
+        srv.addr,
+        "adm",
+        join_token(&srv.app_key, "adm", "carol", true),
+    )
+    .await;
+    c.pump_until("carol live", |s| s.view.phase() == Phase::Live)
+        .await;
+
+    let r = http
+        .post(format!("{base}/reassign"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .post(format!("{base}/reassign"))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"to": "carol"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut all = [&mut a, &mut b, &mut c];
+    pump_all("carol host by admin", &mut all, |x| x[2].has_authority()).await;
+    assert_eq!(c.view.assignment().unwrap().reason, Reason::Admin);
+    assert_eq!(c.view.epoch(), Some(Epoch(2)));
+
+    // Kicking the host replaces it at once.
+    let r = http
+        .post(format!("{base}/kick"))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"participant": "carol"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut all = [&mut a, &mut b, &mut c];
+    pump_all("carol kicked, alice host", &mut all, |x| {
+        x[0].has_authority() && x[2].view.phase() == Phase::Offline
+    })
+    .await;
+    assert_eq!(a.view.assignment().unwrap().reason, Reason::Kicked);
+    assert!(c
+        .events
+        .iter()
+        .any(|e| matches!(e, hostlease::core::Event::ServerError(ErrorCode::Kicked))));
+
+    // Closing: hostless with reason closed, everyone closed, new joins refused.
+    let r = http
+        .post(format!("{base}/close"))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut all = [&mut a, &mut b];
+    pump_all("room closed", &mut all, |x| {
+        x.iter().all(|s| s.view.phase() == Phase::Offline)
+    })
+    .await;
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("adm").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(row.closed && row.host.is_none());
+    let cur = row.current.unwrap().assignment;
+    assert_eq!(cur.reason, Reason::Closed);
+    let epoch_closed = cur.epoch;
+    let mut d = Raw::join(
+        srv.addr,
+        "adm",
+        &join_token(&srv.app_key, "adm", "dan", true),
+        None,
+    )
+    .await;
+    assert_eq!(d.until_closed().await, Some(ErrorCode::RoomClosed));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("adm").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.epoch, epoch_closed,
+        "a closed room is never granted again"
+    );
+}
+
+#[tokio::test]
+async fn racing_grants_have_exactly_one_winner() {
+    let srv = start(test_config()).await;
+    let room = RoomId::new("race-inproc").unwrap();
+    for round in 0..5u64 {
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let app = srv.app.clone();
+            let room = room.clone();
+            tasks.push(tokio::spawn(async move {
+                let req = GrantReq {
+                    room,
+                    expected_epoch: Epoch(round),
+                    holder: Some((
+                        hostlease::protocol::ParticipantId::new(format!("p{i}")).unwrap(),
+                        hostlease::protocol::SessionId::new(format!("s{i}")).unwrap(),
+                    )),
+                    lease_ms: 1000,
+                    reason: Reason::Admin,
+                    require_lapsed: false,
+                    close: false,
+                };
+                matches!(
+                    app.store.grant(req, &app.keys).await.unwrap(),
+                    GrantOutcome::Won { .. }
+                )
+            }));
+        }
+        let mut wins = 0;
+        for t in tasks {
+            wins += t.await.unwrap() as u32;
+        }
+        assert_eq!(wins, 1, "round {round}");
+        let row = srv.app.store.room(&room).await.unwrap().unwrap();
+        assert_eq!(row.epoch, Epoch(round + 1));
+    }
+}
+
+#[tokio::test]
+async fn renewal_of_the_live_host_does_not_move_the_epoch() {
+    let srv = start(hostlease_server::Config {
+        lease_ms: 300,
+        ..test_config()
+    })
+    .await;
+    let mut a = Raw::join(
+        srv.addr,
+        "ren",
+        &join_token(&srv.app_key, "ren", "alice", true),
+        None,
+    )
+    .await;
+    let mut confirms = 0;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    // Several ttl periods of echoed probes: every confirm names epoch 1.
+    while confirms < 8 {
+        assert!(tokio::time::Instant::now() < deadline);
+        match a.next(Duration::from_secs(5)).await.expect("frame") {
+            ServerMsg::LeaseProbe { nonce, epoch } => {
+                assert_eq!(epoch, Epoch(1));
+                a.send(&hostlease::protocol::ClientMsg::LeaseEcho { nonce })
+                    .await;
+            }
+            ServerMsg::LeaseConfirm { epoch, .. } => {
+                assert_eq!(epoch, Epoch(1));
+                confirms += 1;
+            }
+            ServerMsg::Assignment(x) => assert_eq!(x.assignment.epoch, Epoch(1)),
+            _ => {}
+        }
+    }
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("ren").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.epoch, Epoch(1));
+}
+
+#[test]
+fn cli_keygen_token_and_graceful_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_hostlease-server");
+    let key = dir.path().join("k.json");
+    let out = std::process::Command::new(bin)
+        .args(["keygen", "--out", key.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("public key"));
+    let out = std::process::Command::new(bin)
+        .args([
+            "token",
+            "--key",
+            key.to_str().unwrap(),
+            "--room",
+            "r",
+            "--participant",
+            "p",
+            "--may-host",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let token = String::from_utf8(out.stdout).unwrap();
+    let k = hostlease_server::tokens::Keypair::load(&key).unwrap();
+    let v = hostlease_server::tokens::Verifier::from_keys(&[k.public()]).unwrap();
+    let c: hostlease_server::tokens::JoinClaims = v
+        .verify(hostlease_server::tokens::JOIN_PREFIX, token.trim())
+        .unwrap();
+    assert!(c.may_host);
+
+    // SIGTERM: the server exits cleanly.
+    std::fs::copy(&key, dir.path().join("app-key.json")).unwrap();
+    let db = format!("sqlite://{}", dir.path().join("s.db").display());
+    let mut p = spawn_proc(&db, dir.path(), "term", 1000, &[]);
+    let pid = p.child.id();
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(status) = p.child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test]
+async fn per_room_ttl_applies_from_the_next_grant() {
+    let srv = start(test_config()).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("http://{}/v1/admin/rooms/ttl/ttl", srv.addr))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"lease_ms": 450}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut a = Raw::join(
+        srv.addr,
+        "ttl",
+        &join_token(&srv.app_key, "ttl", "alice", true),
+        None,
+    )
+    .await;
+    let asg = a
+        .until(|m| match m {
+            ServerMsg::Assignment(x) => Some(x.assignment.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(asg.lease_ms, 450);
+    let nonce = a
+        .until(|m| match m {
+            ServerMsg::LeaseProbe { nonce, .. } => Some(*nonce),
+            _ => None,
+        })
+        .await;
+    a.send(&hostlease::protocol::ClientMsg::LeaseEcho { nonce })
+        .await;
+    let remaining = a
+        .until(|m| match m {
+            ServerMsg::LeaseConfirm { remaining_ms, .. } => Some(*remaining_ms),
+            _ => None,
+        })
+        .await;
+    assert_eq!(remaining, 450);
+    // Another room keeps the server default.
+    let mut b = Raw::join(
+        srv.addr,
+        "dflt",
+        &join_token(&srv.app_key, "dflt", "bob", true),
+        None,
+    )
+    .await;
+    let asg = b
+        .until(|m| match m {
+            ServerMsg::Assignment(x) => Some(x.assignment.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(asg.lease_ms, 1500);
+}

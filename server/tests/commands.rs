@@ -1,0 +1,460 @@
+//! Raw-protocol clients that bypass the SDK's refusals: the rejection matrix and idempotency
+//! across WebSocket and HTTP.
+
+mod common;
+
+use common::*;
+use hostlease::protocol::{
+    Action, ClientMsg, Epoch, IdempotencyKey, Outcome, ParticipantId, RejectCode, Role, RoomId,
+    ServerMsg, SessionId, Token,
+};
+use hostlease_server::tokens::{CapClaims, Keypair, CAP_PREFIX};
+
+struct Granted {
+    epoch: Epoch,
+    host: Token,
+    participant: Token,
+    session: SessionId,
+}
+
+/// Joins and answers probes until a host capability arrives.
+async fn wait_host(r: &mut Raw) -> Granted {
+    let mut participant = None;
+    let mut session = None;
+    loop {
+        let m = r.until(|m| Some(m.clone())).await;
+        match m {
+            ServerMsg::Welcome { session: s, .. } => session = Some(s),
+            ServerMsg::LeaseProbe { nonce, .. } => r.send(&ClientMsg::LeaseEcho { nonce }).await,
+            ServerMsg::Capability {
+                role: Role::Participant,
+                token,
+                ..
+            } => participant = Some(token),
+            ServerMsg::Capability {
+                role: Role::Host,
+                token,
+                epoch,
+                ..
+            } => {
+                return Granted {
+                    epoch: epoch.unwrap(),
+                    host: token,
+                    participant: participant.unwrap(),
+                    session: session.unwrap(),
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn participant_token(r: &mut Raw) -> Token {
+    r.until(|m| match m {
+        ServerMsg::Capability {
+            role: Role::Participant,
+            token,
+            ..
+        } => Some(token.clone()),
+        _ => None,
+    })
+    .await
+}
+
+fn key(s: &str) -> IdempotencyKey {
+    IdempotencyKey::new(s).unwrap()
+}
+
+async fn cmd(r: &mut Raw, id: &str, action: &str, epoch: Option<Epoch>, token: &Token) -> Outcome {
+    r.send(&ClientMsg::Command {
+        id: key(id),
+        action: Action::new(action).unwrap(),
+        payload: serde_json::json!({"n": id}),
+        epoch,
+        capability: token.clone(),
+    })
+    .await;
+    let want = key(id);
+    r.until(|m| match m {
+        ServerMsg::CommandResult { id, outcome } if *id == want => Some(outcome.clone()),
+        ServerMsg::LeaseProbe { .. } => None,
+        _ => None,
+    })
+    .await
+}
+
+fn cap(
+    k: &Keypair,
+    room: &str,
+    sub: &str,
+    sid: &SessionId,
+    epoch: Option<Epoch>,
+    exp: u64,
+) -> Token {
+    let claims = CapClaims {
+        room: RoomId::new(room).unwrap(),
+        sub: ParticipantId::new(sub).unwrap(),
+        sid: sid.clone(),
+        role: if epoch.is_some() {
+            Role::Host
+        } else {
+            Role::Participant
+        },
+        epoch,
+        actions: vec![
+            Action::new("poll.open").unwrap(),
+            Action::new("vote").unwrap(),
+        ],
+        exp,
+        kid: k.kid.clone(),
+    };
+    Token::new(k.sign_token(CAP_PREFIX, &claims))
+}
+
+fn rejected(o: &Outcome) -> (RejectCode, bool) {
+    match o {
+        Outcome::Rejected { code, current, .. } => (*code, current.is_some()),
+        Outcome::Accepted { .. } => panic!("expected a rejection, got {o:?}"),
+    }
+}
+
+#[tokio::test]
+async fn rejection_matrix_changes_no_state() {
+    // A long sweep interval: a lapsed lease stays recorded, so the expired-lease check is reached.
+    let cfg = hostlease_server::Config {
+        lease_ms: 1500,
+        sweep_ms: 60_000,
+        ..test_config()
+    };
+    let srv = start(cfg).await;
+    let room = RoomId::new("m").unwrap();
+    let mut a = Raw::join(
+        srv.addr,
+        "m",
+        &join_token(&srv.app_key, "m", "alice", true),
+        None,
+    )
+    .await;
+    // The sweeper is slow here, so the join's own election grants alice.
+    let g = wait_host(&mut a).await;
+    let mut a2 = Raw::join(
+        srv.addr,
+        "m",
+        &join_token(&srv.app_key, "m", "alice", true),
+        None,
+    )
+    .await;
+    let _ = participant_token(&mut a2).await;
+    let mut b = Raw::join(
+        srv.addr,
+        "m",
+        &join_token(&srv.app_key, "m", "bob", true),
+        None,
+    )
+    .await;
+    let pb = participant_token(&mut b).await;
+    let before = srv.app.store.room(&room).await.unwrap().unwrap();
+    let now = hostlease_server::tokens::now_ms();
+    let forger = Keypair::generate(srv.app.keys.kid.as_str());
+
+    let cases: Vec<(&str, usize, Option<Epoch>, Token, RejectCode)> = vec![
+        (
+            "forged",
+            0,
+            Some(g.epoch),
+            cap(
+                &forger,
+                "m",
+                "alice",
+                &g.session,
+                Some(g.epoch),
+                now + 60_000,
+            ),
+            RejectCode::BadCapability,
+        ),
+        (
+            "expired-token",
+            0,
+            Some(g.epoch),
+            cap(
+                &srv.app.keys,
+                "m",
+                "alice",
+                &g.session,
+                Some(g.epoch),
+                now - 1,
+            ),
+            RejectCode::BadCapability,
+        ),
+        (
+            "wrong-room",
+            0,
+            Some(g.epoch),
+            cap(
+                &srv.app.keys,
+                "other",
+                "alice",
+                &g.session,
+                Some(g.epoch),
+                now + 60_000,
+            ),
+            RejectCode::BadCapability,
+        ),
+        (
+            "stale-epoch-field",
+            0,
+            Some(Epoch(0)),
+            g.host.clone(),
+            RejectCode::StaleEpoch,
+        ),
+        (
+            "stale-epoch-token",
+            0,
+            None,
+            cap(
+                &srv.app.keys,
+                "m",
+                "alice",
+                &g.session,
+                Some(Epoch(0)),
+                now + 60_000,
+            ),
+            RejectCode::StaleEpoch,
+        ),
+        (
+            "participant-token",
+            0,
+            None,
+            g.participant.clone(),
+            RejectCode::ActionNotGranted,
+        ),
+        (
+            "bob-uses-alice-token",
+            1,
+            Some(g.epoch),
+            g.host.clone(),
+            RejectCode::BadCapability,
+        ),
+        (
+            "bob-own-token",
+            1,
+            None,
+            pb.clone(),
+            RejectCode::ActionNotGranted,
+        ),
+        (
+            "other-tab-uses-token",
+            2,
+            Some(g.epoch),
+            g.host.clone(),
+            RejectCode::BadCapability,
+        ),
+    ];
+    let mut clients = [a, b, a2];
+    for (name, i, epoch, token, want) in cases {
+        let o = cmd(&mut clients[i], name, "poll.open", epoch, &token).await;
+        assert_eq!(rejected(&o), (want, true), "case {name}");
+        let row = srv.app.store.room(&room).await.unwrap().unwrap();
+        assert_eq!(
+            (row.seq, row.epoch),
+            (before.seq, before.epoch),
+            "case {name} changed state"
+        );
+    }
+    // A token for a session that is not the holder's (valid signature, right epoch): not host.
+    let other_sid = SessionId::new("s-elsewhere").unwrap();
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("http://{}/v1/rooms/m/commands", srv.addr))
+        .bearer_auth(
+            cap(
+                &srv.app.keys,
+                "m",
+                "alice",
+                &other_sid,
+                Some(g.epoch),
+                now + 60_000,
+            )
+            .expose(),
+        )
+        .header("Idempotency-Key", "http-wrong-session")
+        .json(&serde_json::json!({"action": "poll.open", "payload": {}}))
+        .send()
+        .await
+        .unwrap();
+    let o: Outcome = resp.json().await.unwrap();
+    assert_eq!(rejected(&o).0, RejectCode::NotHost);
+
+    // The genuine host token works (the matrix was not rejecting everything).
+    let [mut a, _b, _a2] = clients;
+    let o = cmd(&mut a, "genuine", "poll.open", Some(g.epoch), &g.host).await;
+    assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+    let after_ok = srv.app.store.room(&room).await.unwrap().unwrap();
+    assert_eq!(after_ok.seq.0, before.seq.0 + 1);
+
+    // Expired lease on the store clock: alice stops echoing; a token that outlives the lease
+    // (valid signature, right session and epoch) is refused with lease_expired.
+    let long = cap(
+        &srv.app.keys,
+        "m",
+        "alice",
+        &g.session,
+        Some(g.epoch),
+        now + 600_000,
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let row = srv.app.store.room(&room).await.unwrap().unwrap();
+        if !row.lease_live() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "lease never lapsed");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let o = cmd(&mut a, "after-lapse", "poll.open", Some(g.epoch), &long).await;
+    assert_eq!(rejected(&o).0, RejectCode::LeaseExpired);
+    let row = srv.app.store.room(&room).await.unwrap().unwrap();
+    assert_eq!((row.seq, row.epoch), (after_ok.seq, after_ok.epoch));
+}
+
+#[tokio::test]
+async fn stale_host_token_after_resign_is_refused() {
+    let srv = start(test_config()).await;
+    let room = RoomId::new("st").unwrap();
+    let mut a = Raw::join(
+        srv.addr,
+        "st",
+        &join_token(&srv.app_key, "st", "alice", true),
+        None,
+    )
+    .await;
+    let g = wait_host(&mut a).await;
+    let mut b = Raw::join(
+        srv.addr,
+        "st",
+        &join_token(&srv.app_key, "st", "bob", true),
+        None,
+    )
+    .await;
+    let gb_task = tokio::spawn(async move {
+        let g = wait_host(&mut b).await;
+        (b, g)
+    });
+    let o = cmd(&mut a, "resign", "host.resign", Some(g.epoch), &g.host).await;
+    assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+    let (_b, gb) = gb_task.await.unwrap();
+    assert_eq!(gb.epoch, Epoch(g.epoch.0 + 1));
+    let before = srv.app.store.room(&room).await.unwrap().unwrap();
+    let o = cmd(&mut a, "stale", "poll.open", Some(g.epoch), &g.host).await;
+    let (code, has_current) = rejected(&o);
+    assert_eq!(code, RejectCode::StaleEpoch);
+    assert!(has_current);
+    if let Outcome::Rejected {
+        current: Some(c), ..
+    } = &o
+    {
+        assert_eq!(c.assignment.epoch, gb.epoch);
+        assert_eq!(c.assignment.host.as_ref().unwrap().as_str(), "bob");
+    }
+    let after = srv.app.store.room(&room).await.unwrap().unwrap();
+    assert_eq!((after.seq, after.epoch), (before.seq, before.epoch));
+}
+
+#[tokio::test]
+async fn idempotent_retries_across_ws_and_http() {
+    let srv = start(test_config()).await;
+    let room = RoomId::new("idem").unwrap();
+    let mut b = Raw::join(
+        srv.addr,
+        "idem",
+        &join_token(&srv.app_key, "idem", "bob", false),
+        None,
+    )
+    .await;
+    let p = participant_token(&mut b).await;
+    let o1 = cmd(&mut b, "k1", "vote", None, &p).await;
+    let Outcome::Accepted { seq } = o1 else {
+        panic!("{o1:?}")
+    };
+    let seq_after = srv.app.store.room(&room).await.unwrap().unwrap().seq;
+
+    let http = reqwest::Client::new();
+    let post = |key: &'static str, body: serde_json::Value| {
+        http.post(format!("http://{}/v1/rooms/idem/commands", srv.addr))
+            .bearer_auth(p.expose())
+            .header("Idempotency-Key", key)
+            .json(&body)
+            .send()
+    };
+    // Same key, same request over HTTP: the recorded outcome, no new effect.
+    let r = post(
+        "k1",
+        serde_json::json!({"action": "vote", "payload": {"n": "k1"}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Outcome>().await.unwrap(),
+        Outcome::Accepted { seq }
+    );
+    assert_eq!(
+        srv.app.store.room(&room).await.unwrap().unwrap().seq,
+        seq_after
+    );
+    // Same key, different request: a conflict.
+    let r = post(
+        "k1",
+        serde_json::json!({"action": "vote", "payload": {"n": "other"}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 409);
+    let o: Outcome = r.json().await.unwrap();
+    assert_eq!(rejected(&o).0, RejectCode::IdempotencyConflict);
+    // And over the socket too.
+    b.send(&ClientMsg::Command {
+        id: key("k1"),
+        action: Action::new("vote").unwrap(),
+        payload: serde_json::json!({"n": "different"}),
+        epoch: None,
+        capability: p.clone(),
+    })
+    .await;
+    let o = b
+        .until(|m| match m {
+            ServerMsg::CommandResult { outcome, .. } => Some(outcome.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(rejected(&o).0, RejectCode::IdempotencyConflict);
+    assert_eq!(
+        srv.app.store.room(&room).await.unwrap().unwrap().seq,
+        seq_after
+    );
+
+    // A rejection that had no effect is not cached: the same key later succeeds.
+    let forged = Keypair::generate(srv.app.keys.kid.as_str());
+    let sid = SessionId::new("s-x").unwrap();
+    let r = http
+        .post(format!("http://{}/v1/rooms/idem/commands", srv.addr))
+        .bearer_auth(
+            cap(
+                &forged,
+                "idem",
+                "bob",
+                &sid,
+                None,
+                hostlease_server::tokens::now_ms() + 60_000,
+            )
+            .expose(),
+        )
+        .header("Idempotency-Key", "k2")
+        .json(&serde_json::json!({"action": "vote", "payload": {"n": "k2"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let o = cmd(&mut b, "k2", "vote", None, &p).await;
+    assert_eq!(o, Outcome::Accepted { seq: seq.next() });
+}

@@ -1,0 +1,371 @@
+//! Test harness: a real server on loopback (in-process or as a child process), raw-protocol
+//! clients, and the SDK's `HostView` driven natively over a real WebSocket.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use hostlease::core::{Config as ViewConfig, Event, HostView, Instant};
+use hostlease::protocol::{
+    codec::{decode_server, encode_client},
+    ClientMsg, ParticipantId, RoomId, ServerMsg, Token,
+};
+use hostlease_server::store::SqliteStore;
+use hostlease_server::tokens::{JoinClaims, Keypair, Verifier, JOIN_PREFIX};
+use hostlease_server::{App, Config};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub const WAIT: Duration = Duration::from_secs(15);
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub app: Arc<App>,
+    pub app_key: Keypair,
+    pub dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub fn test_config() -> Config {
+    Config {
+        lease_ms: 1500,
+        sweep_ms: 20,
+        admin_key: Some("admin-secret".into()),
+        ..Config::default()
+    }
+}
+
+pub async fn start(cfg: Config) -> TestServer {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = format!("sqlite://{}", dir.path().join("h.db").display());
+    let store = SqliteStore::open(&db).await.expect("open store");
+    let app_key = Keypair::generate("app-1");
+    let join = Verifier::from_keys(&[app_key.public()]).expect("verifier");
+    let app = App::new(cfg, Arc::new(store), Keypair::generate("srv-1"), join, None);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let a = app.clone();
+    let task = tokio::spawn(async move {
+        let _ = hostlease_server::serve(a, listener, std::future::pending()).await;
+    });
+    TestServer {
+        addr,
+        app,
+        app_key,
+        dir,
+        task,
+    }
+}
+
+pub fn join_token(key: &Keypair, room: &str, p: &str, may_host: bool) -> Token {
+    let claims = JoinClaims {
+        room: RoomId::new(room).unwrap(),
+        sub: ParticipantId::new(p).unwrap(),
+        name: p.to_string(),
+        may_host,
+        exp: hostlease_server::tokens::now_ms() + 3_600_000,
+        kid: key.kid.clone(),
+    };
+    Token::new(key.sign_token(JOIN_PREFIX, &claims))
+}
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+pub async fn connect(addr: SocketAddr, room: &str) -> Ws {
+    let url = format!("ws://{addr}/v1/rooms/{room}/ws");
+    let (ws, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("connect");
+    ws
+}
+
+/// A client that speaks the raw protocol and bypasses every SDK refusal.
+pub struct Raw {
+    pub ws: Ws,
+    pub seen: Vec<ServerMsg>,
+    /// Every token this client received (for the log scan).
+    pub tokens: Vec<String>,
+}
+
+impl Raw {
+    pub async fn join(addr: SocketAddr, room: &str, token: &Token, resume: Option<u64>) -> Raw {
+        let mut r = Raw {
+            ws: connect(addr, room).await,
+            seen: Vec::new(),
+            tokens: vec![token.expose().to_string()],
+        };
+        r.send(&ClientMsg::Hello {
+            token: token.clone(),
+            resume: resume.map(hostlease::protocol::Seq),
+            epoch_seen: None,
+        })
+        .await;
+        r
+    }
+
+    pub async fn send(&mut self, m: &ClientMsg) {
+        self.ws
+            .send(Message::Text(encode_client(m).into()))
+            .await
+            .expect("send");
+    }
+
+    pub async fn send_text(&mut self, t: String) -> bool {
+        self.ws.send(Message::Text(t.into())).await.is_ok()
+    }
+
+    /// The next server frame, `None` on close or timeout.
+    pub async fn next(&mut self, within: Duration) -> Option<ServerMsg> {
+        loop {
+            let m = tokio::time::timeout(within, self.ws.next()).await.ok()??;
+            match m {
+                Ok(Message::Text(t)) => {
+                    let msg = decode_server(t.as_str()).expect("server frame decodes");
+                    if let ServerMsg::Capability { token, .. } = &msg {
+                        self.tokens.push(token.expose().to_string());
+                    }
+                    self.seen.push(msg.clone());
+                    return Some(msg);
+                }
+                Ok(Message::Close(_)) | Err(_) => return None,
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    /// Reads until `pred` matches (returning the match); panics after `WAIT`.
+    pub async fn until<T>(&mut self, mut pred: impl FnMut(&ServerMsg) -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let m = self.next(left).await.expect("frame before timeout");
+            if let Some(t) = pred(&m) {
+                return t;
+            }
+        }
+    }
+
+    /// Reads until the connection closes; returns the error code of the last error frame.
+    pub async fn until_closed(&mut self) -> Option<hostlease::protocol::ErrorCode> {
+        let mut code = None;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                panic!("connection did not close");
+            }
+            match self.next(left).await {
+                Some(ServerMsg::Error { code: c, .. }) => code = Some(c),
+                Some(_) => {}
+                None => return code,
+            }
+        }
+    }
+}
+
+/// The SDK core driven natively over a real WebSocket.
+pub struct Sdk {
+    pub view: HostView,
+    pub ws: Ws,
+    pub events: Vec<Event>,
+    pub tokens: Vec<String>,
+    start: std::time::Instant,
+    /// Ignore lease probes (simulates a frozen host whose socket stays open).
+    pub deaf: bool,
+}
+
+impl Sdk {
+    pub async fn join(addr: SocketAddr, room: &str, token: Token) -> Sdk {
+        let ws = connect(addr, room).await;
+        let mut s = Sdk {
+            view: HostView::new(ViewConfig {
+                lease_margin_ms: 100,
+                ..ViewConfig::default()
+            }),
+            ws,
+            events: Vec::new(),
+            tokens: vec![token.expose().to_string()],
+            start: std::time::Instant::now(),
+            deaf: false,
+        };
+        let now = s.now();
+        s.view.handle_connected(now, token);
+        s.flush().await;
+        s
+    }
+
+    pub fn now(&self) -> Instant {
+        Instant::from_millis(self.start.elapsed().as_millis() as u64)
+    }
+
+    pub async fn flush(&mut self) {
+        while let Some(m) = self.view.poll_transmit() {
+            if self.deaf && matches!(m, ClientMsg::LeaseEcho { .. }) {
+                continue;
+            }
+            let _ = self.ws.send(Message::Text(encode_client(&m).into())).await;
+        }
+        while let Some(e) = self.view.poll_event() {
+            self.events.push(e);
+        }
+    }
+
+    /// Drives the view for at most `d`.
+    pub async fn pump(&mut self, d: Duration) {
+        let deadline = tokio::time::Instant::now() + d;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let step = left.min(Duration::from_millis(20));
+            match tokio::time::timeout(step, self.ws.next()).await {
+                Ok(Some(Ok(Message::Text(t)))) => {
+                    let msg = decode_server(t.as_str()).expect("server frame decodes");
+                    if let ServerMsg::Capability { token, .. } = &msg {
+                        self.tokens.push(token.expose().to_string());
+                    }
+                    let now = self.now();
+                    self.view.handle_server(now, msg);
+                }
+                Ok(Some(Ok(_))) => {}
+                Ok(Some(Err(_))) | Ok(None) => {
+                    let now = self.now();
+                    self.view.handle_disconnected(now);
+                    self.flush().await;
+                    return;
+                }
+                Err(_) => {}
+            }
+            let now = self.now();
+            self.view.handle_timeout(now);
+            self.flush().await;
+        }
+    }
+
+    /// Drives the view until `cond` holds; panics after `WAIT`.
+    pub async fn pump_until(&mut self, what: &str, mut cond: impl FnMut(&Sdk) -> bool) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !cond(self) {
+            if tokio::time::Instant::now() > deadline {
+                panic!("timed out waiting for: {what}");
+            }
+            self.pump(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn has_authority(&self) -> bool {
+        self.view.has_authority(self.now())
+    }
+
+    pub async fn leave(&mut self) {
+        let now = self.now();
+        self.view.leave(now);
+        self.flush().await;
+        let _ = self.ws.close(None).await;
+    }
+}
+
+/// Drives several SDK clients together until `cond` holds over all of them.
+pub async fn pump_all(
+    what: &str,
+    clients: &mut [&mut Sdk],
+    mut cond: impl FnMut(&[&mut Sdk]) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !cond(clients) {
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for: {what}");
+        }
+        for c in clients.iter_mut() {
+            c.pump(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A server child process on `db`.
+pub struct Proc {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn spawn_proc(
+    db: &str,
+    dir: &std::path::Path,
+    name: &str,
+    lease_ms: u64,
+    extra: &[&str],
+) -> Proc {
+    let log = dir.join(format!("{name}.log"));
+    let logf = std::fs::File::create(&log).expect("log file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hostlease-server"))
+        .args([
+            "serve",
+            "--db",
+            db,
+            "--listen",
+            "127.0.0.1:0",
+            "--server-key",
+            dir.join("server-key.json").to_str().unwrap(),
+            "--app-key",
+            dir.join("app-key.json").to_str().unwrap(),
+            "--lease-ms",
+            &lease_ms.to_string(),
+            "--sweep-ms",
+            "20",
+            "--admin-key",
+            "admin-secret",
+        ])
+        .args(extra)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(logf)
+        .spawn()
+        .expect("spawn server");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some(a) = line.strip_prefix("listening on ") {
+                let _ = tx.send(a.to_string());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("server printed its address")
+        .parse()
+        .expect("address");
+    Proc { child, addr, log }
+}
+
+/// Creates the app key file the child processes verify join tokens with.
+pub fn app_key_file(dir: &std::path::Path) -> Keypair {
+    let p = dir.join("app-key.json");
+    Keypair::load_or_create(&p, "app").expect("app key")
+}

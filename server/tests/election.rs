@@ -1,0 +1,221 @@
+//! Elections, failover and leases, driven through the SDK core over real WebSockets.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use hostlease::core::{Event, Phase};
+use hostlease::protocol::{Epoch, ParticipantId, Reason};
+
+fn host_of(s: &Sdk) -> Option<String> {
+    s.view
+        .assignment()
+        .and_then(|a| a.host.as_ref().map(|h| h.to_string()))
+}
+
+#[tokio::test]
+async fn election_on_join_then_failover_on_explicit_leave() {
+    let srv = start(test_config()).await;
+    let mut a = Sdk::join(
+        srv.addr,
+        "r1",
+        join_token(&srv.app_key, "r1", "alice", true),
+    )
+    .await;
+    a.pump_until("alice live and host with authority", |s| {
+        s.view.phase() == Phase::Live && s.has_authority()
+    })
+    .await;
+    let e1 = a.view.epoch().unwrap();
+    assert_eq!(e1, Epoch(1));
+    assert_eq!(a.view.assignment().unwrap().reason, Reason::Elected);
+
+    let mut b = Sdk::join(srv.addr, "r1", join_token(&srv.app_key, "r1", "bob", true)).await;
+    b.pump_until("bob live", |s| s.view.phase() == Phase::Live)
+        .await;
+    assert_eq!(host_of(&b).as_deref(), Some("alice"));
+    // Joining does not move the epoch.
+    a.pump(Duration::from_millis(100)).await;
+    assert_eq!(a.view.epoch(), Some(e1));
+
+    a.leave().await;
+    b.pump_until("bob host with authority", |s| s.has_authority())
+        .await;
+    let asg = b.view.assignment().unwrap().clone();
+    assert_eq!(asg.host.as_ref().unwrap().as_str(), "bob");
+    assert_eq!(asg.epoch, Epoch(e1.0 + 1));
+    assert_eq!(asg.reason, Reason::Left);
+}
+
+#[tokio::test]
+async fn failover_on_silent_lease_lapse() {
+    let cfg = hostlease_server::Config {
+        lease_ms: 600,
+        ..test_config()
+    };
+    let srv = start(cfg).await;
+    let mut a = Sdk::join(
+        srv.addr,
+        "r2",
+        join_token(&srv.app_key, "r2", "alice", true),
+    )
+    .await;
+    a.pump_until("alice host", |s| s.has_authority()).await;
+    let mut b = Sdk::join(srv.addr, "r2", join_token(&srv.app_key, "r2", "bob", true)).await;
+    b.pump_until("bob live", |s| s.view.phase() == Phase::Live)
+        .await;
+    // Alice keeps her socket open but stops answering probes (a frozen tab).
+    a.deaf = true;
+    let mut both = [&mut a, &mut b];
+    pump_all("bob becomes host after the lapse", &mut both, |c| {
+        c[1].has_authority()
+    })
+    .await;
+    let asg = b.view.assignment().unwrap().clone();
+    assert_eq!(asg.host.as_ref().unwrap().as_str(), "bob");
+    assert_eq!(asg.reason, Reason::LeaseLapsed);
+    assert_eq!(asg.epoch, Epoch(2));
+    // Alice, on the same stream, adopts it and has no authority.
+    a.pump_until("alice sees epoch 2", |s| s.view.epoch() == Some(Epoch(2)))
+        .await;
+    assert!(!a.has_authority());
+}
+
+#[tokio::test]
+async fn two_tabs_of_one_participant_only_one_holds_the_lease() {
+    let srv = start(test_config()).await;
+    let t = || join_token(&srv.app_key, "r3", "alice", true);
+    let mut tab1 = Sdk::join(srv.addr, "r3", t()).await;
+    tab1.pump_until("tab1 host", |s| s.has_authority()).await;
+    let mut tab2 = Sdk::join(srv.addr, "r3", t()).await;
+    tab2.pump_until("tab2 live", |s| s.view.phase() == Phase::Live)
+        .await;
+    let mut both = [&mut tab1, &mut tab2];
+    // Over several renewals only tab1's session holds the lease.
+    for _ in 0..20 {
+        pump_all("tick", &mut both, |_| true).await;
+        for c in both.iter_mut() {
+            c.pump(Duration::from_millis(20)).await;
+        }
+        assert!(both[0].has_authority() as u8 + both[1].has_authority() as u8 <= 1);
+        assert!(!both[1].view.is_named_host());
+    }
+    let s1 = tab1.view.session().unwrap().clone();
+    assert_eq!(tab1.view.assignment().unwrap().session.as_ref(), Some(&s1));
+    tab1.leave().await;
+    tab2.pump_until("tab2 takes over", |s| s.has_authority())
+        .await;
+    assert_eq!(
+        tab2.view
+            .assignment()
+            .unwrap()
+            .host
+            .as_ref()
+            .unwrap()
+            .as_str(),
+        "alice"
+    );
+    assert_ne!(tab2.view.assignment().unwrap().session.as_ref(), Some(&s1));
+}
+
+#[tokio::test]
+async fn resign_and_transfer() {
+    let srv = start(test_config()).await;
+    let mut a = Sdk::join(
+        srv.addr,
+        "r4",
+        join_token(&srv.app_key, "r4", "alice", true),
+    )
+    .await;
+    a.pump_until("alice host", |s| s.has_authority()).await;
+    let mut b = Sdk::join(srv.addr, "r4", join_token(&srv.app_key, "r4", "bob", true)).await;
+    b.pump_until("bob live", |s| s.view.phase() == Phase::Live)
+        .await;
+
+    let now = a.now();
+    a.view.resign(now).expect("resign accepted locally");
+    a.flush().await;
+    let mut both = [&mut a, &mut b];
+    pump_all("bob host after resign", &mut both, |c| c[1].has_authority()).await;
+    assert_eq!(b.view.assignment().unwrap().reason, Reason::Resigned);
+    assert_eq!(b.view.epoch(), Some(Epoch(2)));
+    assert!(a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::CommandAccepted { .. })));
+
+    let now = b.now();
+    b.view
+        .transfer(now, &ParticipantId::new("alice").unwrap())
+        .expect("transfer accepted locally");
+    b.flush().await;
+    let mut both = [&mut a, &mut b];
+    pump_all("alice host after transfer", &mut both, |c| {
+        c[0].has_authority()
+    })
+    .await;
+    assert_eq!(a.view.assignment().unwrap().reason, Reason::Transferred);
+    assert_eq!(a.view.epoch(), Some(Epoch(3)));
+    assert!(!b.has_authority());
+}
+
+#[tokio::test]
+async fn host_and_participant_commands_become_ordered_room_events() {
+    let srv = start(test_config()).await;
+    let mut a = Sdk::join(
+        srv.addr,
+        "r5",
+        join_token(&srv.app_key, "r5", "alice", true),
+    )
+    .await;
+    a.pump_until("alice host", |s| s.has_authority()).await;
+    let mut b = Sdk::join(srv.addr, "r5", join_token(&srv.app_key, "r5", "bob", false)).await;
+    b.pump_until("bob live", |s| s.view.phase() == Phase::Live)
+        .await;
+    let now = a.now();
+    a.view
+        .command(
+            now,
+            hostlease::protocol::Action::new("poll.open").unwrap(),
+            serde_json::json!({"q": "?"}),
+            None,
+        )
+        .expect("host command");
+    a.flush().await;
+    b.pump_until("bob has a participant token", |_| true).await;
+    let now = b.now();
+    b.view
+        .command(
+            now,
+            hostlease::protocol::Action::new("vote").unwrap(),
+            serde_json::json!({"choice": 1}),
+            None,
+        )
+        .expect("participant command");
+    b.flush().await;
+    let mut both = [&mut a, &mut b];
+    pump_all("both see two events", &mut both, |c| {
+        c.iter().all(|s| {
+            s.events
+                .iter()
+                .filter(|e| matches!(e, Event::RoomEvent(_)))
+                .count()
+                == 2
+        })
+    })
+    .await;
+    for s in [&a, &b] {
+        let evs: Vec<_> = s
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::RoomEvent(ev) => Some((ev.seq.0, ev.action.to_string())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(evs[0].1, "poll.open");
+        assert_eq!(evs[1].1, "vote");
+        assert_eq!(evs[1].0, evs[0].0 + 1);
+    }
+}

@@ -1,0 +1,223 @@
+//! Real server processes on one SQLite file: racing elections, kill -9 and restart, and a scan
+//! of the logs for tokens.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use hostlease::protocol::{ClientMsg, Epoch, Item, Role, ServerMsg, SessionId};
+use hostlease_server::tokens::Keypair;
+use sqlx::sqlite::SqliteConnectOptions;
+use std::str::FromStr;
+
+async fn read_log(db: &str, room: &str) -> Vec<Item> {
+    let opts = SqliteConnectOptions::from_str(db).unwrap().read_only(true);
+    let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
+    let rows: Vec<String> = sqlx::query_scalar("SELECT item FROM log WHERE room = ? ORDER BY seq")
+        .bind(room)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    rows.iter()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect()
+}
+
+/// A member that answers probes; after each host grant it either leaves explicitly or goes
+/// silent until the lease lapses, then reconnects to the other process. Stops by itself.
+async fn churner(
+    addrs: [SocketAddr; 2],
+    key: Keypair,
+    name: String,
+    tenures: usize,
+) -> (Vec<(Epoch, SessionId)>, Vec<String>) {
+    let mut grants = Vec::new();
+    let mut tokens = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut round = 0usize;
+    while grants.len() < tenures && tokio::time::Instant::now() < deadline {
+        let addr = addrs[round % 2];
+        round += 1;
+        let t = join_token(&key, "race", &name, true);
+        let mut r = Raw::join(addr, "race", &t, None).await;
+        let mut session = None;
+        let mut silent = false;
+        let stint = tokio::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            let left = stint.saturating_duration_since(tokio::time::Instant::now());
+            let Some(m) = r.next(left.min(Duration::from_millis(500))).await else {
+                if tokio::time::Instant::now() >= stint {
+                    break;
+                }
+                if silent {
+                    break;
+                }
+                continue;
+            };
+            match m {
+                ServerMsg::Welcome { session: s, .. } => session = Some(s),
+                ServerMsg::LeaseProbe { nonce, .. } if !silent => {
+                    r.send(&ClientMsg::LeaseEcho { nonce }).await
+                }
+                ServerMsg::Capability {
+                    role: Role::Host,
+                    epoch: Some(e),
+                    ..
+                } => {
+                    grants.push((e, session.clone().unwrap()));
+                    if grants.len() % 2 == 0 {
+                        r.send(&ClientMsg::Leave).await;
+                        break;
+                    }
+                    silent = true; // let the lease lapse on the store clock
+                }
+                ServerMsg::Assignment(a)
+                    if silent && a.assignment.session.as_ref() != session.as_ref() =>
+                {
+                    break; // someone else holds it now
+                }
+                _ => {}
+            }
+        }
+        tokens.append(&mut r.tokens);
+        drop(r);
+    }
+    (grants, tokens)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = app_key_file(dir.path());
+    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let p1 = spawn_proc(&db, dir.path(), "p1", 400, &[]);
+    let p2 = spawn_proc(&db, dir.path(), "p2", 400, &[]);
+    let addrs = [p1.addr, p2.addr];
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let mut a = addrs;
+        if i % 2 == 1 {
+            a.swap(0, 1);
+        }
+        tasks.push(tokio::spawn(churner(a, key.clone(), format!("m{i}"), 3)));
+    }
+    let mut by_epoch: HashMap<Epoch, SessionId> = HashMap::new();
+    let mut tokens = Vec::new();
+    for t in tasks {
+        let (grants, toks) = t.await.unwrap();
+        tokens.extend(toks);
+        for (e, s) in grants {
+            // At most one session is ever granted host authority in an epoch.
+            if let Some(prev) = by_epoch.insert(e, s.clone()) {
+                assert_eq!(prev, s, "two sessions held epoch {e:?}");
+            }
+        }
+    }
+    drop(p1);
+    drop(p2);
+    let items = read_log(&db, "race").await;
+    let assignments: Vec<_> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Assignment(a) => Some(a.assignment.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        assignments.len() >= 6,
+        "too few grants to be a race: {}",
+        assignments.len()
+    );
+    for (i, a) in assignments.iter().enumerate() {
+        assert_eq!(
+            a.epoch,
+            Epoch(i as u64 + 1),
+            "epochs must move by exactly one"
+        );
+    }
+    let seqs: Vec<u64> = items.iter().map(|i| i.seq().0).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "seq must be contiguous"
+    );
+    for (e, s) in &by_epoch {
+        let a = &assignments[(e.0 - 1) as usize];
+        assert_eq!(
+            a.session.as_ref(),
+            Some(s),
+            "capability for epoch {e:?} went to a non-holder"
+        );
+    }
+    // No token in either process's log.
+    let mut reassign_lines = 0;
+    for name in ["p1.log", "p2.log"] {
+        let log = std::fs::read_to_string(dir.path().join(name)).unwrap();
+        reassign_lines += log.matches("host reassigned").count();
+        for t in &tokens {
+            assert!(!log.contains(t.as_str()), "a token leaked into {name}");
+        }
+        assert!(
+            !log.contains("hlj1.") && !log.contains("hlc1."),
+            "token prefix in {name}"
+        );
+    }
+    // One structured line per committed reassignment, whichever process committed it.
+    assert_eq!(reassign_lines, assignments.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_and_restart_keeps_epochs_and_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = app_key_file(dir.path());
+    let db = format!("sqlite://{}", dir.path().join("crash.db").display());
+    let mut p = spawn_proc(&db, dir.path(), "before", 500, &[]);
+    let mut a = Raw::join(p.addr, "k", &join_token(&key, "k", "alice", true), None).await;
+    let epoch = a
+        .until(|m| match m {
+            ServerMsg::LeaseProbe { nonce, epoch } => Some((*nonce, *epoch)),
+            _ => None,
+        })
+        .await;
+    a.send(&ClientMsg::LeaseEcho { nonce: epoch.0 }).await;
+    a.until(|m| matches!(m, ServerMsg::LeaseConfirm { .. }).then_some(()))
+        .await;
+    assert_eq!(epoch.1, Epoch(1));
+    p.child.kill().unwrap(); // SIGKILL
+    p.child.wait().unwrap();
+    drop(a);
+    let p2 = spawn_proc(&db, dir.path(), "after", 500, &[]);
+    let mut b = Raw::join(p2.addr, "k", &join_token(&key, "k", "bob", true), Some(0)).await;
+    let (snap, missed) = b
+        .until(|m| match m {
+            ServerMsg::Welcome {
+                snapshot, missed, ..
+            } => Some((snapshot.clone(), missed.clone())),
+            _ => None,
+        })
+        .await;
+    // The committed grant survived the crash and is replayed.
+    assert_eq!(snap.current.assignment.epoch, Epoch(1));
+    assert_eq!(missed.len(), 1);
+    // After the dead host's lease lapses, bob is granted epoch 2 (never a reset to 1).
+    let e = b
+        .until(|m| match m {
+            ServerMsg::Assignment(a)
+                if a.assignment
+                    .host
+                    .as_ref()
+                    .is_some_and(|h| h.as_str() == "bob") =>
+            {
+                Some(a.assignment.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(e.epoch, Epoch(2));
+    assert_eq!(e.reason, hostlease::protocol::Reason::LeaseLapsed);
+    drop(p2);
+    drop(p);
+}

@@ -1,0 +1,487 @@
+//! The room stream: welcome and resume (with and without a gap), signalling, presence, limits
+//! and abusive clients, signed assignments and the HTTP read API.
+
+mod common;
+
+use std::time::Duration;
+
+use base64::Engine;
+use common::*;
+use ed25519_dalek::{Signature, VerifyingKey};
+use hostlease::protocol::{
+    codec::{signing_bytes, MAX_CLIENT_FRAME},
+    Action, ClientMsg, ErrorCode, IdempotencyKey, InboxPage, Item, KeySet, Outcome, Role, RoomId,
+    Seq, ServerMsg, Snapshot, Token,
+};
+
+async fn ptoken(r: &mut Raw) -> Token {
+    r.until(|m| match m {
+        ServerMsg::Capability {
+            role: Role::Participant,
+            token,
+            ..
+        } => Some(token.clone()),
+        _ => None,
+    })
+    .await
+}
+
+async fn vote(r: &mut Raw, p: &Token, id: &str) -> Seq {
+    r.send(&ClientMsg::Command {
+        id: IdempotencyKey::new(id).unwrap(),
+        action: Action::new("vote").unwrap(),
+        payload: serde_json::json!({"id": id}),
+        epoch: None,
+        capability: p.clone(),
+    })
+    .await;
+    let want = IdempotencyKey::new(id).unwrap();
+    match r
+        .until(|m| match m {
+            ServerMsg::CommandResult { id, outcome } if *id == want => Some(outcome.clone()),
+            _ => None,
+        })
+        .await
+    {
+        Outcome::Accepted { seq } => seq,
+        o => panic!("{o:?}"),
+    }
+}
+
+fn welcome(m: &ServerMsg) -> Option<(Snapshot, Vec<Item>, Option<hostlease::protocol::Gap>)> {
+    match m {
+        ServerMsg::Welcome {
+            snapshot,
+            missed,
+            discontinuity,
+            ..
+        } => Some((snapshot.clone(), missed.clone(), *discontinuity)),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn resume_replays_missed_items_and_announces_a_gap() {
+    let srv = start(test_config()).await;
+    let t = join_token(&srv.app_key, "rs", "bob", false);
+    let mut b = Raw::join(srv.addr, "rs", &t, None).await;
+    let p = ptoken(&mut b).await;
+    let mut last = Seq(0);
+    for i in 0..5 {
+        last = vote(&mut b, &p, &format!("v{i}")).await;
+    }
+    assert_eq!(last, Seq(5));
+    // Reconnect resuming after seq 2: items 3..=5 are replayed, in order, and nothing else.
+    let mut c = Raw::join(srv.addr, "rs", &t, Some(2)).await;
+    let (snap, missed, gap) = c.until(welcome).await;
+    assert_eq!(snap.seq, Seq(5));
+    assert_eq!(
+        missed.iter().map(|i| i.seq().0).collect::<Vec<_>>(),
+        vec![3, 4, 5]
+    );
+    assert_eq!(gap, None);
+    // A live `resume` frame answers with a fresh welcome.
+    c.send(&ClientMsg::Resume { cursor: Seq(4) }).await;
+    let (snap, missed, _) = c.until(welcome).await;
+    assert_eq!(snap.seq, Seq(5));
+    assert_eq!(missed.len(), 1);
+
+    // Trim the log to its newest 2 items: resuming from 0 announces 1..=3 as a gap.
+    srv.app.store.housekeeping(2).await.unwrap();
+    let mut d = Raw::join(srv.addr, "rs", &t, Some(0)).await;
+    let (_, missed, gap) = d.until(welcome).await;
+    let gap = gap.expect("a discontinuity");
+    assert_eq!((gap.from, gap.to), (Seq(1), Seq(3)));
+    assert_eq!(
+        missed.iter().map(|i| i.seq().0).collect::<Vec<_>>(),
+        vec![4, 5]
+    );
+}
+
+#[tokio::test]
+async fn presence_and_signalling_stay_in_the_room() {
+    let srv = start(test_config()).await;
+    let mut a = Raw::join(
+        srv.addr,
+        "sg",
+        &join_token(&srv.app_key, "sg", "alice", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut a).await;
+    let mut b = Raw::join(
+        srv.addr,
+        "sg",
+        &join_token(&srv.app_key, "sg", "bob", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut b).await;
+    let mut x = Raw::join(
+        srv.addr,
+        "other",
+        &join_token(&srv.app_key, "other", "bob", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut x).await;
+    a.until(|m| match m {
+        ServerMsg::Presence {
+            member,
+            online: true,
+        } if member.id.as_str() == "bob" => Some(()),
+        _ => None,
+    })
+    .await;
+    a.send(&ClientMsg::Signal {
+        to: hostlease::protocol::ParticipantId::new("bob").unwrap(),
+        to_session: None,
+        data: serde_json::json!({"sdp": "offer"}),
+    })
+    .await;
+    let (from, data) = b
+        .until(|m| match m {
+            ServerMsg::Signal { from, data, .. } => Some((from.clone(), data.clone())),
+            _ => None,
+        })
+        .await;
+    assert_eq!(from.as_str(), "alice");
+    assert_eq!(data["sdp"], "offer");
+    // The "bob" of another room gets nothing.
+    while let Some(m) = x.next(Duration::from_millis(300)).await {
+        assert!(
+            !matches!(m, ServerMsg::Signal { .. }),
+            "signal leaked across rooms"
+        );
+    }
+    b.send(&ClientMsg::Leave).await;
+    a.until(|m| match m {
+        ServerMsg::Presence {
+            member,
+            online: false,
+        } if member.id.as_str() == "bob" => Some(()),
+        _ => None,
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn abusive_clients_get_a_typed_error_and_a_close_without_affecting_others() {
+    let cfg = hostlease_server::Config {
+        msg_rate: 5.0,
+        msg_burst: 10.0,
+        ..test_config()
+    };
+    let srv = start(cfg).await;
+    let mut good = Raw::join(
+        srv.addr,
+        "ok",
+        &join_token(&srv.app_key, "ok", "g", false),
+        None,
+    )
+    .await;
+    let gp = ptoken(&mut good).await;
+
+    // Not a hello first.
+    let mut c = Raw {
+        ws: connect(srv.addr, "bad").await,
+        seen: vec![],
+        tokens: vec![],
+    };
+    c.send(&ClientMsg::Leave).await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::UnexpectedMessage));
+    // Malformed.
+    let mut c = Raw {
+        ws: connect(srv.addr, "bad").await,
+        seen: vec![],
+        tokens: vec![],
+    };
+    c.send_text("{not json".into()).await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::BadFrame));
+    // Unknown major version.
+    let mut c = Raw {
+        ws: connect(srv.addr, "bad").await,
+        seen: vec![],
+        tokens: vec![],
+    };
+    c.send_text(r#"{"v":9,"t":"hello","token":"x"}"#.into())
+        .await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::UnsupportedVersion));
+    // Forged join token.
+    let forged = hostlease_server::tokens::Keypair::generate(srv.app_key.kid.as_str());
+    let mut c = Raw::join(
+        srv.addr,
+        "bad",
+        &join_token(&forged, "bad", "eve", true),
+        None,
+    )
+    .await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::Unauthorized));
+    // A join token for another room.
+    let mut c = Raw::join(
+        srv.addr,
+        "bad",
+        &join_token(&srv.app_key, "elsewhere", "eve", true),
+        None,
+    )
+    .await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::Unauthorized));
+    // Oversized frame on a live socket.
+    let mut c = Raw::join(
+        srv.addr,
+        "bad",
+        &join_token(&srv.app_key, "bad", "big", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut c).await;
+    let big = format!(
+        r#"{{"v":1,"t":"signal","to":"x","data":"{}"}}"#,
+        "a".repeat(MAX_CLIENT_FRAME + 10)
+    );
+    c.send_text(big).await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::FrameTooLarge));
+    // Flooding.
+    let mut c = Raw::join(
+        srv.addr,
+        "bad",
+        &join_token(&srv.app_key, "bad", "flood", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut c).await;
+    for _ in 0..200 {
+        if !c
+            .send_text(r#"{"v":1,"t":"resume","cursor":0}"#.into())
+            .await
+        {
+            break;
+        }
+    }
+    assert_eq!(c.until_closed().await, Some(ErrorCode::RateLimited));
+
+    // The well-behaved client in another room still works.
+    let seq = vote(&mut good, &gp, "still-fine").await;
+    assert_eq!(seq, Seq(1));
+}
+
+#[tokio::test]
+async fn assignments_are_signed_and_http_reads_work() {
+    let srv = start(test_config()).await;
+    let mut a = Sdk::join(
+        srv.addr,
+        "sig",
+        join_token(&srv.app_key, "sig", "alice", true),
+    )
+    .await;
+    a.pump_until("alice host", |s| s.has_authority()).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", srv.addr);
+    let keys: KeySet = http
+        .get(format!("{base}/v1/keys"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(keys.keys.len(), 1);
+    assert_eq!(keys.keys[0].alg, "Ed25519");
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(&keys.keys[0].x)
+        .unwrap();
+    let vk = VerifyingKey::from_bytes(&x.try_into().unwrap()).unwrap();
+
+    let snap: Snapshot = http
+        .get(format!("{base}/v1/rooms/sig"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        snap.current.assignment.host.as_ref().unwrap().as_str(),
+        "alice"
+    );
+    assert_eq!(snap.current.kid.as_ref(), Some(&keys.keys[0].kid));
+    let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(snap.current.sig.as_ref().unwrap())
+        .unwrap();
+    vk.verify_strict(
+        &signing_bytes(&snap.current.assignment),
+        &Signature::from_slice(&sig).unwrap(),
+    )
+    .expect("assignment signature verifies against /v1/keys");
+    assert!(snap
+        .actions
+        .host
+        .iter()
+        .any(|a| a.as_str() == "host.resign"));
+    assert!(snap
+        .actions
+        .participant
+        .iter()
+        .any(|a| a.as_str() == "vote"));
+    assert_eq!(snap.members.len(), 1);
+
+    assert_eq!(
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let m = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(m.contains("hostlease_assignments_total"), "{m}");
+    // The admin API wants its key.
+    let r = http
+        .post(format!("{base}/v1/admin/rooms/sig/close"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test]
+async fn offline_members_get_a_durable_inbox() {
+    let srv = start(test_config()).await;
+    let tb = join_token(&srv.app_key, "ib", "bob", false);
+    let mut b = Raw::join(srv.addr, "ib", &tb, None).await;
+    let _ = ptoken(&mut b).await;
+    b.send(&ClientMsg::Leave).await;
+    let _ = b.until_closed().await;
+    let mut c = Raw::join(
+        srv.addr,
+        "ib",
+        &join_token(&srv.app_key, "ib", "carol", false),
+        None,
+    )
+    .await;
+    let p = ptoken(&mut c).await;
+    // Wait until bob is gone from the membership, then act.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let seq = vote(&mut c, &p, "while-bob-away").await;
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let page: InboxPage = http
+            .get(format!("http://{}/v1/rooms/ib/inbox?since=0", srv.addr))
+            .bearer_auth(tb.expose())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if page.entries.iter().any(|e| e.item.seq() == seq) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "inbox never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = RoomId::new("ib");
+}
+
+#[tokio::test]
+async fn migrations_apply_to_an_empty_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("fresh.db").display());
+    let s = hostlease_server::store::SqliteStore::open(&url)
+        .await
+        .unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations WHERE success = 1")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 3);
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(sync, 2, "synchronous=FULL");
+    drop(s);
+    // Opening again applies nothing new and keeps the data.
+    let s = hostlease_server::store::SqliteStore::open(&url)
+        .await
+        .unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
+        .fetch_one(s.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 3);
+}
+
+#[tokio::test]
+async fn room_member_and_http_limits() {
+    let cfg = hostlease_server::Config {
+        max_rooms: 1,
+        max_members: 1,
+        http_rate: 1.0,
+        http_burst: 3.0,
+        ..test_config()
+    };
+    let srv = start(cfg).await;
+    let mut a = Raw::join(
+        srv.addr,
+        "one",
+        &join_token(&srv.app_key, "one", "a", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut a).await;
+    let mut b = Raw::join(
+        srv.addr,
+        "one",
+        &join_token(&srv.app_key, "one", "b", false),
+        None,
+    )
+    .await;
+    assert_eq!(b.until_closed().await, Some(ErrorCode::RoomFull));
+    let mut c = Raw::join(
+        srv.addr,
+        "two",
+        &join_token(&srv.app_key, "two", "c", false),
+        None,
+    )
+    .await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::TooManyRooms));
+    // The first member is unaffected.
+    a.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+    a.until(welcome).await;
+
+    let http = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    let mut retry_after = None;
+    for _ in 0..6 {
+        let r = http
+            .get(format!("http://{}/v1/keys", srv.addr))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 429 {
+            retry_after = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
+        }
+        statuses.push(r.status().as_u16());
+    }
+    assert!(statuses.contains(&429), "{statuses:?}");
+    // (The WebSocket upgrades above count against the same per-address bucket.)
+    let secs: u64 = retry_after.expect("Retry-After").parse().unwrap();
+    assert!(secs >= 1);
+}

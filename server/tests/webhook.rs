@@ -1,0 +1,95 @@
+//! Durable notification by webhook: signed, retried with backoff, same idempotency key.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use axum::http::{HeaderMap, StatusCode};
+use common::*;
+use hostlease::protocol::Item;
+
+#[tokio::test]
+async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
+    type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
+    let seen: Seen = Arc::default();
+    let s2 = seen.clone();
+    // A receiver that fails the first delivery of each key, then accepts.
+    let receiver = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: HeaderMap, body: String| {
+            let seen = s2.clone();
+            async move {
+                let h = |n: &str| {
+                    headers
+                        .get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let key = h("idempotency-key");
+                let mut v = seen.lock().unwrap();
+                let first = !v.iter().any(|(k, _, _)| *k == key);
+                v.push((key, h("x-hostlease-signature"), body));
+                if first {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                } else {
+                    StatusCode::NO_CONTENT
+                }
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, receiver).await.unwrap() });
+
+    let cfg = hostlease_server::Config {
+        webhook_url: Some(format!("http://{hook}/hook")),
+        webhook_secret: Some("shh".into()),
+        ..test_config()
+    };
+    let srv = start(cfg).await;
+    let mut a = Sdk::join(
+        srv.addr,
+        "wh",
+        join_token(&srv.app_key, "wh", "alice", true),
+    )
+    .await;
+    a.pump_until("alice host", |s| s.has_authority()).await;
+
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        {
+            let v = seen.lock().unwrap();
+            if v.iter().filter(|(k, _, _)| k == "assignment:wh:1").count() >= 2 {
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "webhook never retried"
+        );
+        a.pump(std::time::Duration::from_millis(50)).await;
+    }
+    let v = seen.lock().unwrap().clone();
+    for (key, sig, body) in v.iter().filter(|(k, _, _)| k == "assignment:wh:1") {
+        assert_eq!(
+            sig,
+            &hostlease_server::webhook::signature(b"shh", body.as_bytes()),
+            "{key}"
+        );
+        let item: Item = serde_json::from_str(body).unwrap();
+        match item {
+            Item::Assignment(x) => assert_eq!(x.assignment.host.unwrap().as_str(), "alice"),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Delivered once accepted: no third attempt for that key.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let n = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(k, _, _)| k == "assignment:wh:1")
+        .count();
+    assert_eq!(n, 2);
+}
