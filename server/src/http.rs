@@ -262,10 +262,16 @@ async fn inbox(
     }
 }
 
-async fn keys(State(app): State<Arc<App>>) -> Json<KeySet> {
-    Json(KeySet {
-        keys: vec![app.keys.public()],
-    })
+/// Public keys are public: any origin may read them, so that an app served from another origin
+/// than this server can verify relayed assignments with WebCrypto.
+async fn keys(State(app): State<Arc<App>>) -> Response {
+    (
+        [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")],
+        Json(KeySet {
+            keys: vec![app.keys.public()],
+        }),
+    )
+        .into_response()
 }
 
 async fn healthz(State(app): State<Arc<App>>) -> Response {

@@ -271,6 +271,16 @@ fn test(root: &Path) -> Result<(), String> {
         build(root).and_then(|sizes| sizes::check_budget(root, &sizes))
     );
     step!("package smoke", pkg::smoke(root, &mut totals));
+    step!(
+        "browser e2e",
+        run(
+            "cargo build -p hostlease-server",
+            cargo()
+                .current_dir(root)
+                .args(["build", "-p", "hostlease-server"])
+        )
+        .and_then(|()| pkg::browser(root, &mut totals))
+    );
 
     eprintln!("\n==> summary");
     for (name, secs, ok) in &steps {

@@ -7,15 +7,41 @@ use std::process::Command;
 use crate::tools::{node_bin, node_modules};
 use crate::{run, run_tests};
 
-/// Makes `import "hostlease"` from `pkg/test/` resolve to the built package.
+/// Makes `import "hostlease"` (and the test tools) from `pkg/test/` resolve: the built package
+/// and playwright-core from `.tools/node`.
 fn link_package(root: &Path) -> Result<(), String> {
     let dir = root.join("pkg/test/node_modules");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let link = dir.join("hostlease");
-    if std::fs::symlink_metadata(&link).is_err() {
-        std::os::unix::fs::symlink("../..", &link).map_err(|e| format!("link hostlease: {e}"))?;
+    for (name, target) in [
+        ("hostlease", "../..".to_owned()),
+        (
+            "playwright-core",
+            format!("{}", node_modules(root).join("playwright-core").display()),
+        ),
+    ] {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(&target, &link).map_err(|e| format!("link {name}: {e}"))?;
+        }
     }
     Ok(())
+}
+
+/// The package in headless Chromium against the real server, with WebRTC between the pages:
+/// server and browser run inside a loopback-only network namespace (the only way Chromium
+/// gathers loopback ICE candidates), which also keeps every byte of the test on this machine.
+pub fn browser(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
+    link_package(root)?;
+    let bin = root.join("target/debug/hostlease-server");
+    run_tests(
+        "browser tests: the built package in Chromium against hostlease-server (loopback-only netns)",
+        Command::new("unshare")
+            .current_dir(root)
+            .args(["-n", "sh", "-c"])
+            .arg("ip link set lo up && exec node --test --test-concurrency=1 pkg/test/browser.test.mjs")
+            .env("HOSTLEASE_SERVER_BIN", bin),
+        totals,
+    )
 }
 
 pub fn smoke(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
