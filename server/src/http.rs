@@ -336,14 +336,24 @@ async fn admin_reassign(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let hub = match admin_prelude(&app, &headers, &room).await {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
     let body = match parse_admin_body(&body) {
         Ok(b) => b,
         Err(e) => return e,
     };
+    let hub = match admin_prelude(&app, &headers, &room).await {
+        Ok(h) => h,
+        Err(e) => return e,
+    };
+    let res = admin_reassign_in(&app, &hub, body).await;
+    app.release(&hub).await;
+    res
+}
+
+async fn admin_reassign_in(
+    app: &Arc<App>,
+    hub: &Arc<crate::rooms::Room>,
+    body: AdminBody,
+) -> Response {
     let _g = hub.decide.lock().await;
     let row = match app.store.room(&hub.id).await {
         Ok(r) => r,
@@ -370,10 +380,8 @@ async fn admin_reassign(
     let epoch = row
         .as_ref()
         .map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch);
-    let req = app.grant_req(&hub, epoch, next, Reason::Admin, false);
+    let req = app.grant_req(hub, epoch, next, Reason::Admin, false);
     let res = app.grant(req, row.as_ref(), &correlation_id()).await;
-    drop(_g);
-    app.release(&hub).await;
     match res {
         Ok(Some(a)) => Json(a).into_response(),
         Ok(None) => (StatusCode::CONFLICT, "another commit won; retry").into_response(),
@@ -389,16 +397,16 @@ async fn admin_kick(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let hub = match admin_prelude(&app, &headers, &room).await {
-        Ok(h) => h,
-        Err(e) => return e,
-    };
     let Ok(AdminBody {
         participant: Some(p),
         ..
     }) = parse_admin_body(&body)
     else {
         return (StatusCode::BAD_REQUEST, "participant required").into_response();
+    };
+    let hub = match admin_prelude(&app, &headers, &room).await {
+        Ok(h) => h,
+        Err(e) => return e,
     };
     let sessions: Vec<_> = hub
         .members()
@@ -489,11 +497,26 @@ async fn admin_close(
     };
     let g = hub.decide.lock().await;
     let mut res = Ok(None);
+    let mut closed_without_grant = false;
     for _ in 0..5 {
         let row = match app.store.room(&hub.id).await {
             Ok(r) => r,
             Err(_) => break,
         };
+        if row.as_ref().is_none_or(|r| r.host.is_none()) {
+            // Already hostless: closing is not a grant, the epoch stays.
+            let epoch = row
+                .as_ref()
+                .map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch);
+            match app.store.close_hostless(&hub.id, epoch).await {
+                Ok(true) => {
+                    closed_without_grant = true;
+                    break;
+                }
+                Ok(false) => continue,
+                Err(_) => break,
+            }
+        }
         let req = GrantReq {
             close: true,
             ..app.grant_req(
@@ -525,6 +548,9 @@ async fn admin_close(
     app.release(&hub).await;
     match res {
         Ok(Some(a)) => Json(a).into_response(),
+        _ if closed_without_grant => {
+            Json(hub.state.lock().expect("room lock").current.clone()).into_response()
+        }
         _ => (StatusCode::SERVICE_UNAVAILABLE, "could not close").into_response(),
     }
 }

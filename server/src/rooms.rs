@@ -48,6 +48,9 @@ pub struct Room {
     pub tx: broadcast::Sender<Bcast>,
     /// Serialises this process's decisions for the room (the CAS keeps them correct anyway).
     pub decide: tokio::sync::Mutex<()>,
+    /// Holders of this hub (sessions and in-flight requests), counted under the map lock: the
+    /// hub leaves the map only when the last one releases it, so nobody joins an orphan.
+    users: AtomicUsize,
 }
 
 impl Room {
@@ -138,6 +141,7 @@ impl App {
     pub async fn room(&self, room: &RoomId) -> Result<Option<Arc<Room>>, StoreError> {
         let mut map = self.rooms.lock().await;
         if let Some(r) = map.get(room) {
+            r.users.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(r.clone()));
         }
         if map.len() >= self.cfg.max_rooms {
@@ -170,16 +174,17 @@ impl App {
             }),
             tx: broadcast::channel(4096).0,
             decide: tokio::sync::Mutex::new(()),
+            users: AtomicUsize::new(1),
         });
         map.insert(room.clone(), hub.clone());
         metrics::gauge!("hostlease_rooms").set(map.len() as f64);
         Ok(Some(hub))
     }
 
-    /// Drops the hub of a room with no connection left.
+    /// Releases a hub obtained from [`App::room`]; the last holder drops it from the map.
     pub async fn release(&self, room: &Arc<Room>) {
         let mut map = self.rooms.lock().await;
-        if room.state.lock().expect("room lock").conns.is_empty() {
+        if room.users.fetch_sub(1, Ordering::Relaxed) == 1 {
             map.remove(&room.id);
         }
         metrics::gauge!("hostlease_rooms").set(map.len() as f64);

@@ -153,6 +153,9 @@ pub trait Store: Send + Sync + 'static {
         session: &SessionId,
         lease_ms: u64,
     ) -> StoreResult<Option<(u64, u64)>>;
+    /// Closes a room that is already hostless at `epoch` without a grant (hostless → hostless
+    /// does not move the epoch). `false`: the row changed meanwhile.
+    async fn close_hostless(&self, room: &RoomId, epoch: Epoch) -> StoreResult<bool>;
     /// Sets (or clears) the room's TTL override; applies from the next grant or renewal.
     async fn set_ttl(&self, room: &RoomId, ttl_ms: Option<u64>) -> StoreResult<()>;
     async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone>;
@@ -436,6 +439,24 @@ impl Store for SqliteStore {
             .await?;
         tx.commit().await?;
         Ok(r.map(|(e, t)| (e as u64, t as u64)))
+    }
+
+    async fn close_hostless(&self, room: &RoomId, epoch: Epoch) -> StoreResult<bool> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
+            .bind(room.as_str())
+            .execute(&mut *tx)
+            .await?;
+        let n = sqlx::query(
+            "UPDATE rooms SET closed = 1 WHERE room = ? AND epoch = ? AND host IS NULL",
+        )
+        .bind(room.as_str())
+        .bind(epoch.0 as i64)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(n == 1)
     }
 
     async fn set_ttl(&self, room: &RoomId, ttl_ms: Option<u64>) -> StoreResult<()> {

@@ -320,3 +320,34 @@ async fn per_room_ttl_applies_from_the_next_grant() {
         .await;
     assert_eq!(asg.lease_ms, 1500);
 }
+
+#[tokio::test]
+async fn closing_a_hostless_room_does_not_move_the_epoch() {
+    let srv = start(test_config()).await;
+    let mut b = Raw::join(
+        srv.addr,
+        "hl",
+        &join_token(&srv.app_key, "hl", "bob", false),
+        None,
+    )
+    .await;
+    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+        .await;
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/admin/rooms/hl/close", srv.addr))
+        .bearer_auth("admin-secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(b.until_closed().await, Some(ErrorCode::RoomClosed));
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("hl").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(row.closed);
+    assert_eq!(row.epoch, Epoch(0));
+}
