@@ -273,11 +273,16 @@ fn test(root: &Path) -> Result<(), String> {
     step!("package smoke", pkg::smoke(root, &mut totals));
     step!(
         "browser e2e",
+        // The test profile: reuses what `cargo test` just compiled instead of a second build.
         run(
-            "cargo build -p hostlease-server",
-            cargo()
-                .current_dir(root)
-                .args(["build", "-p", "hostlease-server"])
+            "cargo build --profile test -p hostlease-server",
+            cargo().current_dir(root).args([
+                "build",
+                "--profile",
+                "test",
+                "-p",
+                "hostlease-server"
+            ])
         )
         .and_then(|()| pkg::browser(root, &mut totals))
     );
