@@ -376,20 +376,10 @@ fn bench(root: &Path) -> Result<(), String> {
     // The anchors are installed into a bench-only folder, never into the package.
     let anchors = root.join(".tools/bench");
     if !anchors.join("node_modules/livekit-client").exists() {
-        std::fs::create_dir_all(&anchors).map_err(|e| e.to_string())?;
-        run(
+        tools::npm_install(
             "install the anchor SDKs into .tools/bench",
-            Command::new("npm")
-                .current_dir(&anchors)
-                .args([
-                    "install",
-                    "--no-audit",
-                    "--no-fund",
-                    "--no-save",
-                    "--prefix",
-                    ".",
-                ])
-                .args(["pusher-js@8", "ably@2", "livekit-client@2"]),
+            &anchors,
+            &["pusher-js@8", "ably@2", "livekit-client@2"],
         )?;
     }
     run(

@@ -79,20 +79,10 @@ pub fn ensure(root: &Path) -> Result<(), String> {
     if NODE_BINS.iter().any(|b| !node_bin(root, b).exists())
         || !node_modules(root).join("playwright-core").exists()
     {
-        std::fs::create_dir_all(root.join(".tools/node")).map_err(|e| e.to_string())?;
-        run(
+        npm_install(
             "install the npm build and test tools into .tools/node",
-            Command::new("npm")
-                .current_dir(root.join(".tools/node"))
-                .args([
-                    "install",
-                    "--no-audit",
-                    "--no-fund",
-                    "--no-save",
-                    "--prefix",
-                    ".",
-                ])
-                .args(NODE_TOOLS),
+            &root.join(".tools/node"),
+            NODE_TOOLS,
         )?;
     }
     for (path, package) in [(CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")] {
@@ -130,4 +120,23 @@ pub fn wasm_test_command(root: &Path) -> Command {
         )
         .env("WASM_BINDGEN_TEST_TIMEOUT", "180");
     cmd
+}
+
+/// Installs npm `packages` into `dir/node_modules` (created if missing), saving nothing.
+pub fn npm_install(step: &str, dir: &Path, packages: &[&str]) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    run(
+        step,
+        Command::new("npm")
+            .current_dir(dir)
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--no-save",
+                "--prefix",
+                ".",
+            ])
+            .args(packages),
+    )
 }
