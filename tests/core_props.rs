@@ -277,22 +277,26 @@ thread_local! {
 }
 
 /// The property above must actually reach authority: run a slice of it and count the host
-/// commands that left the core.
+/// commands that left the core. The slice is seeded, so the count is the same on every run and
+/// every target (a randomly seeded slice of 200 cases once reached only 8 in the wasm run).
 #[test]
 fn the_authority_property_is_not_vacuous() {
-    use proptest::test_runner::{Config as RunnerConfig, TestRunner};
-    let mut runner = TestRunner::new(RunnerConfig {
-        cases: 200,
+    use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
+    let config = RunnerConfig {
+        cases: 500,
         ..RunnerConfig::default()
-    });
+    };
+    let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+    let mut runner = TestRunner::new_with_rng(config, rng);
     let before = EMITTED.with(|e| e.get());
     runner
         .run(&prop::collection::vec(op(), 1..120), run_ops)
         .unwrap();
     let emitted = EMITTED.with(|e| e.get()) - before;
+    eprintln!("host commands emitted in the seeded slice: {emitted}");
     assert!(
-        emitted > 10,
-        "only {emitted} host commands emitted in 200 cases"
+        emitted >= 25,
+        "only {emitted} host commands emitted in 500 seeded cases"
     );
 }
 
