@@ -7,12 +7,15 @@ import { init, connect } from "./pkg/index.js";
 const $ = (id) => document.getElementById(id);
 let room = null;
 const peers = new Map();
-const state = { poll: null, votes: new Map(), pendingVotes: new Map(), timeline: [] };
-window.demo = { state, get room() { return room; } }; // for the end-to-end tests
+// `log` (every room event applied) and `relays` (the SDK's verdict on each relayed assignment)
+// are only read by the end-to-end tests, as are `peers` and `room` on `window.demo`.
+const state = { poll: null, votes: new Map(), pendingVotes: new Map(), timeline: [], log: [], relays: [] };
+window.demo = { state, peers, get room() { return room; } };
 
 // ----- state from room events --------------------------------------------------------------
 
 function applyEvent(e) {
+  state.log.push({ seq: e.seq, epoch: e.epoch, actor: e.actor, action: e.action, payload: e.payload });
   if (e.action === "poll.open") {
     state.poll = { id: e.seq, question: e.payload.question, options: e.payload.options, open: true };
     state.votes = new Map();
@@ -216,12 +219,15 @@ $("join-form").onsubmit = async (ev) => {
   room.on("event", applyEvent);
   room.on("host", (h) => {
     const prev = state.timeline.at(-1);
+    // A new room's hostless epoch 0 is no assignment: "nobody → nobody (elected)" misled.
+    if (!prev && h.host === null && h.epoch === 0) return render();
     state.timeline.push({ at: h.issuedAt || Date.now(), epoch: h.epoch, from: prev?.to ?? null, to: h.host, reason: h.reason, via: h.via });
     render();
   });
   for (const t of ["members", "connection", "lease", "provisional", "command"]) room.on(t, render);
   room.on("members", mesh);
   room.on("signal", (s) => onSignal(s).catch(() => {}));
+  room.on("relay", (r) => state.relays.push(r));
   room.on("error", (e) => console.warn("hostlease:", e.code, e.message));
   setInterval(render, 1000); // the lease countdown
   render();

@@ -30,15 +30,20 @@ fn link_package(root: &Path) -> Result<(), String> {
 /// The package in headless Chromium against the real server, with WebRTC between the pages:
 /// server and browser run inside a loopback-only network namespace (the only way Chromium
 /// gathers loopback ICE candidates), which also keeps every byte of the test on this machine.
+/// Then the live-poll demo end to end (`demo.test.mjs`: the server serves www/ with the built
+/// package laid out as `cargo xtask demo` does; screenshots in target/e2e-artifacts/).
 pub fn browser(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
     link_package(root)?;
     let bin = root.join("target/debug/hostlease-server");
     run_tests(
-        "browser tests: the built package in Chromium against hostlease-server (loopback-only netns)",
+        "browser tests: the built package and the demo in Chromium against hostlease-server (loopback-only netns)",
         Command::new("unshare")
             .current_dir(root)
             .args(["-n", "sh", "-c"])
-            .arg("ip link set lo up && exec node --test --test-concurrency=1 pkg/test/browser.test.mjs")
+            .arg(
+                "ip link set lo up && exec node --test --test-concurrency=1 \
+                 pkg/test/browser.test.mjs pkg/test/demo.test.mjs",
+            )
             .env("HOSTLEASE_SERVER_BIN", bin),
         totals,
     )

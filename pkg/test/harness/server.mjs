@@ -30,8 +30,9 @@ async function waitHealthy(base, child) {
   throw new Error("hostlease-server did not become healthy");
 }
 
-/** `leaseMs`: short TTLs keep failover scenarios quick (nothing asserts on speed). */
-export async function startServer({ leaseMs = 1500 } = {}) {
+/** `leaseMs`: short TTLs keep failover scenarios quick (nothing asserts on speed). `www`: a
+ * directory of static files to serve as well (the demo, as `cargo xtask demo` lays it out). */
+export async function startServer({ leaseMs = 1500, www } = {}) {
   const dir = await mkdtemp(join(tmpdir(), "hostlease-e2e-"));
   const port = await freePort();
   const base = `http://127.0.0.1:${port}`;
@@ -41,6 +42,7 @@ export async function startServer({ leaseMs = 1500 } = {}) {
     child = spawn(BIN, [
       "serve", "--db", `sqlite://${join(dir, "hostlease.db")}`, "--listen", `127.0.0.1:${port}`, "--dev",
       "--server-key", join(dir, "server-key.json"), "--lease-ms", String(leaseMs),
+      ...(www ? ["--www", www] : []),
     ], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn" } });
     child.stdout.on("data", (d) => logs.push(String(d)));
     child.stderr.on("data", (d) => logs.push(String(d)));
