@@ -22,6 +22,8 @@ export declare const ErrorCode: Readonly<{
   ForgedRelay: "ForgedRelay";
   RelayUnsupported: "RelayUnsupported";
   ListenerError: "ListenerError";
+  Unavailable: "Unavailable";
+  BadResponse: "BadResponse";
 }>;
 
 export type ErrorCodeValue = (typeof ErrorCode)[keyof typeof ErrorCode] | (string & {});
@@ -155,7 +157,38 @@ export declare class Room {
   attachPeer(peerId: string, channel: RTCDataChannel): void;
   detachPeer(peerId: string): void;
   signal(to: string, data: unknown): boolean;
+  /** This participant's durable inbox, read over HTTP with the room's join token. */
+  inbox(options?: { since?: number }): Promise<InboxPage>;
   close(): void;
 }
 
 export declare function connect(options: ConnectOptions): Promise<Room>;
+
+/** One stream item: an assignment (signed by the server) or a room event. */
+export type InboxItem =
+  | ({ kind: "assignment" } & Assignment)
+  | ({ kind: "event" } & RoomEventRecord);
+
+export interface InboxEntry {
+  cursor: number;
+  item: InboxItem;
+}
+
+export interface InboxPage {
+  entries: InboxEntry[];
+  /** Pass as `since` to read on; `null` when everything was read. */
+  next: number | null;
+}
+
+export interface FetchInboxOptions {
+  /** The server's base URL, `ws(s)://` or `http(s)://`. */
+  url: string;
+  room: string;
+  /** The participant's join token (sent in the Authorization header). */
+  token: string;
+  /** A cursor from an earlier page (default 0). */
+  since?: number;
+}
+
+/** Reads a participant's durable inbox over HTTP, without joining the room. */
+export declare function fetchInbox(options: FetchInboxOptions): Promise<InboxPage>;

@@ -31,6 +31,8 @@ export const ErrorCode = Object.freeze({
   ForgedRelay: "ForgedRelay",
   RelayUnsupported: "RelayUnsupported",
   ListenerError: "ListenerError",
+  Unavailable: "Unavailable",
+  BadResponse: "BadResponse",
 });
 
 /** Every error the SDK throws or reports is a `HostleaseError` with a stable `.code`. */
@@ -130,7 +132,7 @@ function roomUrl(url, room) {
 
 function httpBase(url) {
   const u = new URL(url);
-  u.protocol = u.protocol === "wss:" ? "https:" : "http:";
+  if (u.protocol === "wss:" || u.protocol === "ws:") u.protocol = u.protocol === "wss:" ? "https:" : "http:";
   return u.origin;
 }
 
@@ -154,6 +156,63 @@ async function fetchWithRetry(url, init = {}, attempts = 5) {
     }
   }
   throw last;
+}
+
+/** Pages read per `fetchInbox` call at most (256 entries each); `next` says where to go on. */
+const INBOX_MAX_PAGES = 16;
+
+/** Checks one inbox page's shape; the entries' items are the stream items of the protocol. */
+function inboxPage(body) {
+  const cursorOk = (c) => Number.isSafeInteger(c) && c >= 0;
+  const ok = body && Array.isArray(body.entries)
+    && (body.next === undefined || body.next === null || cursorOk(body.next))
+    && body.entries.every((e) => e && cursorOk(e.cursor) && e.item && (e.item.kind === "assignment" || e.item.kind === "event"));
+  if (!ok) throw new ProtocolError(ErrorCode.BadResponse, "the inbox page is malformed");
+  return body;
+}
+
+/**
+ * Reads a participant's durable inbox over HTTP: what was committed in `room` while it was not
+ * connected, oldest first. For apps that come back after a while (or a service worker) and want
+ * to show what they missed without joining. Options: `url` (the server's base URL, ws(s) or
+ * http(s)), `room`, `token` (the participant's join token; it travels in the `Authorization`
+ * header, never in the URL), `since` (a cursor from an earlier call; default 0).
+ * Resolves with `{ entries: [{ cursor, item }], next }`; `next` is a cursor to pass as `since`
+ * when more is left (at most 16 pages of 256 are read per call), else `null`.
+ */
+export async function fetchInbox({ url, room, token, since = 0 } = {}) {
+  if (typeof url !== "string" || typeof room !== "string" || typeof token !== "string") {
+    throw new UsageError(ErrorCode.BadArgument, "fetchInbox({ url, room, token, since }) needs a url, a room and a token");
+  }
+  if (!Number.isSafeInteger(since) || since < 0) {
+    throw new UsageError(ErrorCode.BadArgument, "`since` must be a cursor (a non-negative integer)");
+  }
+  const base = `${httpBase(url)}/v1/rooms/${encodeURIComponent(room)}/inbox`;
+  const entries = [];
+  let cursor = since;
+  for (let page = 0; page < INBOX_MAX_PAGES; page++) {
+    let res;
+    try {
+      res = await fetchWithRetry(`${base}?since=${cursor}`, { headers: { authorization: `Bearer ${token}` } });
+    } catch (e) {
+      throw new ConnectionError(ErrorCode.Unavailable, "the inbox could not be read", { cause: e });
+    }
+    if (res.status === 401 || res.status === 403) {
+      throw new ConnectionError(ErrorCode.Unauthorized, "the join token was refused for this room's inbox");
+    }
+    if (!res.ok) throw new ConnectionError(ErrorCode.Unavailable, `the inbox answered HTTP ${res.status}`);
+    let body;
+    try {
+      body = inboxPage(await res.json());
+    } catch (e) {
+      throw e instanceof HostleaseError ? e : new ProtocolError(ErrorCode.BadResponse, "the inbox page is not JSON");
+    }
+    entries.push(...body.entries);
+    if (body.next === undefined || body.next === null) return { entries, next: null };
+    if (body.next <= cursor) throw new ProtocolError(ErrorCode.BadResponse, "the inbox cursor went backwards");
+    cursor = body.next;
+  }
+  return { entries, next: cursor };
 }
 
 const RELAY_TAG = "hostlease.relay";
@@ -281,6 +340,13 @@ export class Room {
     p.channel.removeEventListener("message", p.onMessage);
     this._peers.delete(peerId);
     this._driver.peerLost(peerId);
+  }
+
+  /** Reads this participant's durable inbox (see `fetchInbox`) with the room's join token. */
+  async inbox({ since = 0 } = {}) {
+    const token = await this._token();
+    if (token === null) throw new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token");
+    return fetchInbox({ url: this._url, room: this.room, token, since });
   }
 
   /** Sends WebRTC signalling `data` to member `to` through the server. */

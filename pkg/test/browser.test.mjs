@@ -23,7 +23,11 @@ before(async () => {
   browser = await chromium.launch({ executablePath: "/usr/bin/chromium", headless: true, chromiumSandbox: false, args: ARGS });
 });
 
+// Whatever a failed test left open, so that a failure ends the run instead of hanging it.
+const opened = new Set();
+
 after(async () => {
+  for (const m of opened) await m.proxy.close();
   await browser?.close();
   await srv?.stop();
   statics?.server.close();
@@ -53,13 +57,16 @@ async function member(room, pid, { webrtc = true, tokenTtl, tokenTtlMs } = {}) {
   const tokens = [];
   for (let i = 0; i < 20; i++) tokens.push(await srv.mintToken(room, pid, tokenTtl));
   await page.evaluate((o) => window.T.start(o), { url: `ws://127.0.0.1:${port}`, room, tokens, webrtc, tokenTtlMs });
-  return { pid, page, proxy, ctx, view: () => page.evaluate(() => window.T.view()), log: () => page.evaluate(() => window.T.log) };
+  const m = { pid, page, proxy, ctx, view: () => page.evaluate(() => window.T.view()), log: () => page.evaluate(() => window.T.log) };
+  opened.add(m);
+  return m;
 }
 
 async function closeAll(...ms) {
   for (const m of ms) {
     await m.ctx.close().catch(() => {});
     await m.proxy.close();
+    opened.delete(m);
   }
 }
 
@@ -217,4 +224,34 @@ test("the join token is refreshed before it expires, without dropping the connec
   const refresh = log.filter((e) => e.type === "token_fetch")[1].at;
   assert.ok(refresh - firstLive < 35_000, "refreshed only after expiry");
   await closeAll(a);
+});
+
+test("a member who left reads what it missed from its durable inbox, with its join token in a header", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await amHost(a);
+  const b = await member(room, "bob", { webrtc: false });
+  await live(b);
+  await b.page.evaluate(() => window.T.close());
+  // Bob's leave reaches the server; the poll opened after it is in his inbox.
+  await until("bob gone from alice's members", async () => !(await a.view()).members.some((m) => m.id === "bob"));
+  const opened = await a.page.evaluate(() => window.T.command("poll.open", { question: "while bob was away", options: ["a", "b"] }));
+  assert.ok(opened.ok, JSON.stringify(opened));
+  const page = await until("bob's inbox has the poll", async () => {
+    const r = await b.page.evaluate(() => window.T.inbox(0));
+    assert.ok(r.ok, JSON.stringify(r));
+    return r.ok.entries.some((e) => e.item.kind === "event" && e.item.seq === opened.ok.seq) && r.ok;
+  });
+  const cursors = page.entries.map((e) => e.cursor);
+  assert.deepEqual(cursors, [...cursors].sort((x, y) => x - y), "inbox entries out of order");
+  assert.equal(page.next, null);
+  // Read on from the last cursor: nothing new.
+  const rest = await b.page.evaluate((c) => window.T.inbox(c), cursors.at(-1));
+  assert.deepEqual(rest.ok?.entries, []);
+  // A forged token is refused with a typed error, never a string.
+  const refused = await b.page.evaluate(({ url, room }) => window.T.fetchInbox({ url, room, token: "v1.forged.token" }),
+    { url: `ws://127.0.0.1:${b.proxy.server.address().port}`, room });
+  assert.equal(refused.err?.code, "unauthorized");
+  assert.ok(refused.err.isHostlease && refused.err.name === "ConnectionError");
+  await closeAll(a, b);
 });

@@ -1,5 +1,5 @@
 // A consumer of the public types: `tsc --noEmit --strict` must accept it.
-import { init, connect, HostleaseError, CommandError, ErrorCode, type HostView, type Room } from "hostlease";
+import { init, connect, fetchInbox, HostleaseError, CommandError, ErrorCode, type HostView, type InboxPage, type Room } from "hostlease";
 
 export async function main(channel: RTCDataChannel): Promise<number | null> {
   await init();
@@ -10,6 +10,10 @@ export async function main(channel: RTCDataChannel): Promise<number | null> {
   off();
   room.attachPeer("peer-1", channel);
   const view: HostView = room.view;
+  const missed: InboxPage = await fetchInbox({ url: "wss://example.test", room: "lunch", token: "t", since: 0 });
+  for (const { cursor, item } of missed.entries) console.log(cursor, item.kind === "event" ? item.action : item.host);
+  const more: InboxPage = await room.inbox({ since: missed.next ?? 0 });
+  console.log(more.next);
   try {
     const { seq } = await room.command("vote", { option: 1 });
     return seq + (view.epoch ?? 0);

@@ -7,7 +7,7 @@ import { readFile } from "node:fs/promises";
 const hl = await import("hostlease");
 
 test("the package imports in Node without a browser", () => {
-  for (const name of ["init", "connect", "version", "HostleaseError", "UsageError", "CommandError", "ErrorCode"]) {
+  for (const name of ["init", "connect", "fetchInbox", "version", "HostleaseError", "UsageError", "CommandError", "ErrorCode"]) {
     assert.ok(name in hl, `missing export ${name}`);
   }
 });
@@ -32,4 +32,51 @@ test("errors carry stable codes and names", () => {
   assert.equal(e.name, "CommandError");
   assert.equal(e.code, "StaleEpoch");
   assert.ok(e instanceof hl.HostleaseError);
+});
+
+// fetchInbox against a scripted HTTP server on loopback: paging, the token's place, Retry-After,
+// and typed errors for every bad answer.
+test("fetchInbox pages through the inbox and rejects bad answers with typed errors", async () => {
+  const http = await import("node:http");
+  const seen = [];
+  let answer = null; // (since) => [status, headers, body]
+  const server = http.createServer((req, res) => {
+    const u = new URL(req.url, "http://x");
+    seen.push({ path: u.pathname, search: u.search, auth: req.headers.authorization });
+    const [status, headers, body] = answer(Number(u.searchParams.get("since")));
+    res.writeHead(status, { "content-type": "application/json", ...headers }).end(body);
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const url = `ws://127.0.0.1:${server.address().port}`;
+  const event = (seq) => ({ kind: "event", seq, epoch: 1, actor: "a", action: "vote", payload: null, at: 0 });
+  try {
+    // Two pages, the second after a 429 with Retry-After: 0.
+    let limited = false;
+    answer = (since) => {
+      if (since === 0) return [200, {}, JSON.stringify({ entries: [{ cursor: 1, item: event(3) }, { cursor: 2, item: event(4) }], next: 2 })];
+      if (!limited) { limited = true; return [429, { "retry-after": "0" }, "{}"]; }
+      return [200, {}, JSON.stringify({ entries: [{ cursor: 3, item: event(5) }], unknown_field: true })];
+    };
+    const page = await hl.fetchInbox({ url, room: "r 1", token: "secret-token" });
+    assert.deepEqual(page.entries.map((e) => e.cursor), [1, 2, 3]);
+    assert.equal(page.next, null);
+    assert.ok(seen.every((s) => s.auth === "Bearer secret-token" && !s.search.includes("secret")), "the token left the header");
+    assert.equal(seen[0].path, "/v1/rooms/r%201/inbox");
+    assert.deepEqual(seen.map((s) => s.search), ["?since=0", "?since=2", "?since=2"]);
+
+    const rejects = async (body, status, code, Cls) => {
+      answer = () => [status, {}, body];
+      await assert.rejects(hl.fetchInbox({ url, room: "r", token: "t" }), (e) => e instanceof Cls && e.code === code);
+    };
+    await rejects("not json", 200, "BadResponse", hl.ProtocolError);
+    await rejects(JSON.stringify({ entries: [{ cursor: -1, item: event(1) }] }), 200, "BadResponse", hl.ProtocolError);
+    await rejects(JSON.stringify({ entries: [{ cursor: 1, item: { kind: "other" } }] }), 200, "BadResponse", hl.ProtocolError);
+    await rejects(JSON.stringify({ entries: [], next: 0 }), 200, "BadResponse", hl.ProtocolError); // a cursor that does not move
+    await rejects("{}", 403, "unauthorized", hl.ConnectionError);
+    await rejects("{}", 500, "Unavailable", hl.ConnectionError);
+    await assert.rejects(hl.fetchInbox({ url, room: "r" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
+    await assert.rejects(hl.fetchInbox({ url, room: "r", token: "t", since: -1 }), (e) => e.code === "BadArgument");
+  } finally {
+    server.close();
+  }
 });

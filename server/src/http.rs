@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, Request, State, WebSocketUpgrade};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -23,6 +23,7 @@ use hostlease::protocol::{
     RoomId, Token,
 };
 use serde::Deserialize;
+use tower_http::cors::{Any, CorsLayer};
 
 use crate::rooms::{correlation_id, App, Direct};
 use crate::store::GrantReq;
@@ -96,13 +97,27 @@ async fn rate_limit(
     }
 }
 
-pub fn router(app: Arc<App>) -> Router {
-    let mut r = Router::new()
-        .route("/v1/rooms/{room}/ws", get(ws_upgrade))
+/// What a browser app served from another origin may read: snapshots, its inbox (the join token
+/// travels in the `Authorization` header; no cookies, so no credentials mode) and the public keys
+/// that verify relayed assignments. Commands, admin and metrics stay same-origin.
+fn browser_reads() -> Router<Arc<App>> {
+    let cors = CorsLayer::new()
+        .allow_origin(Any)
+        .allow_methods([Method::GET])
+        .allow_headers([header::AUTHORIZATION])
+        .max_age(std::time::Duration::from_secs(600));
+    Router::new()
         .route("/v1/rooms/{room}", get(snapshot))
-        .route("/v1/rooms/{room}/commands", post(command))
         .route("/v1/rooms/{room}/inbox", get(inbox))
         .route("/v1/keys", get(keys))
+        .layer(cors)
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    let mut r = Router::new()
+        .merge(browser_reads())
+        .route("/v1/rooms/{room}/ws", get(ws_upgrade))
+        .route("/v1/rooms/{room}/commands", post(command))
         .route("/v1/admin/rooms/{room}/reassign", post(admin_reassign))
         .route("/v1/admin/rooms/{room}/kick", post(admin_kick))
         .route("/v1/admin/rooms/{room}/close", post(admin_close))
@@ -262,16 +277,13 @@ async fn inbox(
     }
 }
 
-/// Public keys are public: any origin may read them, so that an app served from another origin
-/// than this server can verify relayed assignments with WebCrypto.
+/// Public keys are public: any origin may read them (see `browser_reads`), so that an app served
+/// from another origin than this server can verify relayed assignments with WebCrypto.
 async fn keys(State(app): State<Arc<App>>) -> Response {
-    (
-        [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")],
-        Json(KeySet {
-            keys: vec![app.keys.public()],
-        }),
-    )
-        .into_response()
+    Json(KeySet {
+        keys: vec![app.keys.public()],
+    })
+    .into_response()
 }
 
 async fn healthz(State(app): State<Arc<App>>) -> Response {

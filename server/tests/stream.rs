@@ -402,6 +402,48 @@ async fn offline_members_get_a_durable_inbox() {
     let _ = RoomId::new("ib");
 }
 
+/// A browser app on another origin may read snapshots, its inbox (with its token in the
+/// `Authorization` header) and the keys; it may not reach commands or the admin API.
+#[tokio::test]
+async fn browser_reads_allow_other_origins_and_nothing_else_does() {
+    let srv = start(test_config()).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", srv.addr);
+    let preflight = |path: &str, method: &str, headers: &str| {
+        http.request(reqwest::Method::OPTIONS, format!("{base}{path}"))
+            .header("origin", "https://app.example")
+            .header("access-control-request-method", method)
+            .header("access-control-request-headers", headers)
+            .send()
+    };
+    let r = preflight("/v1/rooms/co/inbox", "GET", "authorization")
+        .await
+        .unwrap();
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "*");
+    assert!(h["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .contains("authorization"));
+    assert!(h.get("access-control-allow-credentials").is_none());
+    for path in ["/v1/keys", "/v1/rooms/co"] {
+        let r = http
+            .get(format!("{base}{path}"))
+            .header("origin", "https://app.example")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["access-control-allow-origin"], "*", "{path}");
+    }
+    for path in ["/v1/rooms/co/commands", "/v1/admin/rooms/co/close"] {
+        let r = preflight(path, "POST", "authorization").await.unwrap();
+        assert!(
+            r.headers().get("access-control-allow-origin").is_none(),
+            "{path} is open to other origins"
+        );
+    }
+}
+
 #[tokio::test]
 async fn migrations_apply_to_an_empty_database() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::output;
+use crate::tools::node_bin;
 
 pub const FILES: &[&str] = &[
     "pkg/wasm/hostlease_bg.wasm",
@@ -23,29 +24,54 @@ impl Sizes {
     }
 }
 
-/// Node's zlib does the compression, so the numbers match what a CDN would serve.
+/// Node's zlib does the compression, so the numbers match what a CDN would serve. The JS files
+/// are measured as an app ships them: minified by esbuild (whitespace, comments and local names;
+/// nothing bundled in), the way every bundler's production build treats a dependency.
 pub fn measure(root: &Path) -> Result<Sizes, String> {
+    let min_dir = root.join("target/pkg-size");
+    std::fs::create_dir_all(&min_dir).map_err(|e| format!("{}: {e}", min_dir.display()))?;
+    let mut measured = Vec::new();
+    for f in FILES {
+        if !f.ends_with(".js") {
+            measured.push(root.join(f));
+            continue;
+        }
+        let out = min_dir.join(f.replace('/', "_"));
+        output(
+            Command::new(node_bin(root, "esbuild"))
+                .current_dir(root)
+                .args([f, "--minify", "--format=esm", "--log-level=error"])
+                .arg(format!("--outfile={}", out.display())),
+        )
+        .map_err(|e| format!("esbuild --minify {f}: {e}"))?;
+        measured.push(out);
+    }
     let script = r#"
 const fs = require("fs"), z = require("zlib");
 for (const f of process.argv.slice(1)) {
   const b = fs.readFileSync(f);
   const gz = z.gzipSync(b, { level: 9 }).length;
   const br = z.brotliCompressSync(b, { params: { [z.constants.BROTLI_PARAM_QUALITY]: 11 } }).length;
-  console.log(`${f}\t${b.length}\t${gz}\t${br}`);
+  console.log(`${b.length}\t${gz}\t${br}`);
 }"#;
     let text = output(
         Command::new("node")
             .current_dir(root)
             .arg("-e")
             .arg(script)
-            .args(FILES),
+            .args(&measured),
     )?;
     let files = text
         .lines()
-        .filter_map(|l| {
+        .zip(FILES)
+        .filter_map(|(l, f)| {
             let mut it = l.split('\t');
-            let name = it.next()?.to_owned();
             let mut n = || it.next()?.parse::<u64>().ok();
+            let name = if f.ends_with(".js") {
+                format!("{f} (minified)")
+            } else {
+                (*f).to_owned()
+            };
             Some((name, n()?, n()?, n()?))
         })
         .collect::<Vec<_>>();

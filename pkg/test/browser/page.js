@@ -52,6 +52,11 @@ function meshWith(members) {
   }
 }
 
+/** A promise's outcome as plain data the test can read: `{ ok }` or `{ err }`. */
+const settle = (promise) => promise.then(
+  (r) => ({ ok: r }),
+  (e) => ({ err: { name: e.name, code: e.code, isError: e instanceof Error, isHostlease: e instanceof hl.HostleaseError } }));
+
 window.T = {
   log,
   async start({ url, room: name, token, tokens, webrtc = true, tokenTtlMs }) {
@@ -71,9 +76,9 @@ window.T = {
     return true;
   },
   view: () => room.view,
-  command: (action, payload) => room.command(action, payload).then(
-    (r) => ({ ok: r }),
-    (e) => ({ err: { name: e.name, code: e.code, isError: e instanceof Error, isHostlease: e instanceof hl.HostleaseError } })),
+  command: (action, payload) => settle(room.command(action, payload)),
+  inbox: (since) => settle(room.inbox({ since })),
+  fetchInbox: (options) => settle(hl.fetchInbox(options)),
   staleHostCommand: (action, payload) => room.__test.rawStaleHostCommand(action, payload),
   relay: (peer, assignment) => room.__test.relay(peer, assignment),
   addThrowingListener: (type) => room.on(type, () => { throw new Error("listener bug"); }),
