@@ -20,7 +20,7 @@ import { startServer } from "./harness/server.mjs";
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 const WWW = join(ROOT, "target/e2e-www");
 const ARTIFACTS = join(ROOT, "target/e2e-artifacts");
-const LEASE_MS = 2000;
+const LEASE_MS = 3000; // short, for quick failovers; with margin for a starved CI machine
 const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
   "--disable-background-networking", "--disable-component-update", "--disable-sync",
   "--allow-loopback-in-peer-connection", "--disable-dev-shm-usage"];
