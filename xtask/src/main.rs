@@ -372,6 +372,12 @@ fn bench(root: &Path) -> Result<(), String> {
             .current_dir(root)
             .args(["bench", "-p", "hostlease", "--bench", "core"]),
     )?;
+    run(
+        "cargo bench (the server: load generator on the core vs a plain broadcaster, SQLite commits)",
+        cargo()
+            .current_dir(root)
+            .args(["bench", "-p", "hostlease-server", "--bench", "load"]),
+    )?;
     build(root)?;
     // The anchors are installed into a bench-only folder, never into the package.
     let anchors = root.join(".tools/bench");
