@@ -67,7 +67,6 @@ after(async () => {
 });
 
 async function until(what, fn, { timeout = 45_000, every = 150 } = {}) {
-  timeout ??= 45_000;
   const end = Date.now() + timeout;
   let last;
   while (Date.now() < end) {
@@ -97,7 +96,10 @@ async function member(server, room, name) {
   page.on("pageerror", (e) => console.error(`[${name}] pageerror`, e));
   // Every command result the server sends this page, whatever socket it came on.
   page.on("websocket", (ws) => ws.on("framereceived", ({ payload }) => {
-    if (typeof payload === "string" && payload.includes('"command_result"')) m.results.push(JSON.parse(payload));
+    if (typeof payload !== "string" || !payload.includes('"command_result"')) return;
+    try {
+      m.results.push(JSON.parse(payload));
+    } catch {}
   }));
   await page.goto(`http://127.0.0.1:${port}/?room=${encodeURIComponent(room)}&name=${encodeURIComponent(name)}`);
   assert.equal(await page.inputValue("#room"), room);
