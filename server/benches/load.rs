@@ -349,6 +349,8 @@ enum Ctrl {
     Publish(usize),
     /// Stop answering lease probes (the socket stays open: a silent host).
     Deaf,
+    /// Forget the host commands not issued yet (the role moved to another client).
+    Cancel,
     /// Leave explicitly (leave frame and close).
     Leave,
     /// Drop the socket and end.
@@ -577,6 +579,7 @@ async fn client_task(
                     c = ctrl.recv() => match c {
                         Some(Ctrl::Publish(n)) => st.to_publish += n,
                         Some(Ctrl::Deaf) => st.deaf = true,
+                        Some(Ctrl::Cancel) => st.to_publish = 0,
                         Some(Ctrl::Leave) => {
                             view.leave(core_now());
                             let _ = flush(&mut view, &mut ws, &sh, &mut st).await;
@@ -670,6 +673,8 @@ async fn wait_host(room: &Room) -> Option<usize> {
 struct FanOut {
     /// Every client applied every event within the bound.
     complete: bool,
+    /// Times a room's remaining events went to a new host (the old one lost its lease).
+    redispatched: usize,
     deliveries_per_s: f64,
     events_per_s: f64,
     failures: u64,
@@ -708,7 +713,26 @@ async fn fanout_server(
         let _ = r.clients[h].ctrl.send(Ctrl::Publish(per_room));
     }
     let target = per_room as u64;
+    let spies: Vec<usize> = hosts.iter().map(|&h| if h == 0 { 1 } else { 0 }).collect();
+    let mut redispatched = 0;
     let ok = wait_until(Duration::from_secs(30), || {
+        // A host that lost its role mid-run: the new host publishes what is left.
+        for (i, r) in rooms.iter().enumerate() {
+            let seen = r.clients[spies[i]].sh.events.load(RELAXED) - before[i][spies[i]];
+            if seen >= target {
+                continue;
+            }
+            if let Some(nh) = host_of(r) {
+                if nh != hosts[i] {
+                    let _ = r.clients[hosts[i]].ctrl.send(Ctrl::Cancel);
+                    let _ = r.clients[nh]
+                        .ctrl
+                        .send(Ctrl::Publish((target - seen) as usize));
+                    hosts[i] = nh;
+                    redispatched += 1;
+                }
+            }
+        }
         rooms.iter().zip(&before).all(|(r, b)| {
             r.clients
                 .iter()
@@ -724,8 +748,7 @@ async fn fanout_server(
         .max()
         .unwrap_or(start);
     let mut captured = Vec::new();
-    for (r, &h) in rooms.iter().zip(&hosts) {
-        let spy = if h == 0 { 1 } else { 0 };
+    for (r, &spy) in rooms.iter().zip(&spies) {
         captured.push(r.clients[spy].sh.capture.lock().unwrap().take().unwrap());
     }
     if !ok {
@@ -754,6 +777,7 @@ async fn fanout_server(
     Some((
         FanOut {
             complete: ok,
+            redispatched,
             deliveries_per_s: delivered as f64 / secs,
             events_per_s: committed as f64 / secs,
             failures,
@@ -1367,6 +1391,8 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     .await;
     let join_s = t.elapsed().as_secs_f64();
     eprintln!("[load] joined: {all_ok} in {join_s:.1} s");
+    // Let the hosts elected during the join renew (or lapse) before measuring.
+    tokio::time::sleep(Duration::from_millis(LEASE_MS)).await;
     let per_room_n = (1000 / n_rooms).max(4);
     let mut fan_n = Vec::new();
     let mut cap_n = Vec::new();
@@ -1438,7 +1464,7 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
         let incomplete = runs.iter().filter(|f| !f.complete).count();
         let note = if incomplete > 0 {
             format!(
-                " ({incomplete} of {} runs incomplete: a host lost its lease mid-run)",
+                " ({incomplete} of {} runs incomplete within the bound)",
                 runs.len()
             )
         } else {
@@ -1504,7 +1530,16 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
         "fan-out: every event is a host command accepted by the server (one SQLite commit with fsync each) and broadcast to the room; the baseline sends the same event frames (re-encoded with the same codec, same sizes) from one publisher connection per room to the same number of `HostView` clients; command failures during fan-out: {failures}"
     ));
     notes.push(format!(
-        "{total} clients are {n_rooms} rooms × {small}: every join sends a presence frame to each member and a snapshot listing every member, so filling rooms of {room_size} to {total} clients costs about {room_size}× more frames than rooms of {small}"
+        "{total} clients are {n_rooms} rooms × {small}: every join sends a presence frame to each member and a snapshot listing every member, so {total} clients in rooms of {room_size} would cost about {}× the frames of rooms of {small}",
+        room_size / small
+    ));
+    let lapsed = std::fs::read_to_string(d.join("server-1.log"))
+        .map(|l| l.matches("reason=\"lease_lapsed\"").count())
+        .unwrap_or(0)
+        .saturating_sub(silent.since_renewal.len());
+    let redispatched: usize = fan1.iter().chain(&fan_n).map(|f| f.redispatched).sum();
+    notes.push(format!(
+        "leases that lapsed under load on the first server process (silent-loss rounds excluded; their hosts were connected and answering probes): {lapsed}; fan-out runs whose remaining events went to a new host: {redispatched}"
     ));
     notes.push(format!(
         "joins (hello to live): {room_size} clients into one room in {join1_s:.1} s; {total} clients into {n_rooms} rooms in {join_s:.1} s"
