@@ -41,7 +41,10 @@ pub fn browser(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> 
             .current_dir(root)
             .args(["-n", "sh", "-c"])
             .arg(
+                // A test that hangs fails after 5 minutes, and handles a failed test left open
+                // cannot keep the run alive: CI's time goes to tests, not to waiting.
                 "ip link set lo up && exec node --test --test-concurrency=1 \
+                 --test-timeout=300000 --test-force-exit \
                  pkg/test/browser.test.mjs pkg/test/demo.test.mjs",
             )
             .env("HOSTLEASE_SERVER_BIN", bin),
