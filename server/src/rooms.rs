@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::extract::ws::Utf8Bytes;
 use hostlease::core::elect;
 use hostlease::protocol::{
     codec::encode_server, Assignment, Epoch, Item, Member, ParticipantId, Reason, RoomId, Seq,
@@ -17,11 +18,12 @@ use crate::store::{GrantOutcome, GrantReq, RoomRow, Store, StoreError};
 use crate::tokens::{Keypair, Verifier};
 use crate::Config;
 
-/// What a room's broadcast carries: a stream item or a presence change, pre-encoded once.
+/// What a room's broadcast carries: a stream item or a presence change, pre-encoded once. The
+/// frame's bytes are shared by every receiver (a clone is a reference count, not a copy).
 #[derive(Debug, Clone)]
 pub enum Bcast {
-    Item { item: Arc<Item>, frame: Arc<String> },
-    Presence { frame: Arc<String> },
+    Item { item: Arc<Item>, frame: Utf8Bytes },
+    Presence { frame: Utf8Bytes },
 }
 
 /// Messages addressed to one connection.
@@ -74,7 +76,7 @@ impl Room {
         };
         let _ = self.tx.send(Bcast::Item {
             item: Arc::new(item),
-            frame: Arc::new(frame),
+            frame: frame.into(),
         });
     }
 }

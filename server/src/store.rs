@@ -204,7 +204,13 @@ pub trait Store: Send + Sync + 'static {
 }
 
 pub struct SqliteStore {
+    /// Readers (WAL: they never wait for the writer).
     pool: SqlitePool,
+    /// The one connection every write of this process goes through. Writers queue for it in
+    /// order instead of racing for SQLite's write lock, whose busy handler sleeps and retries
+    /// (up to 100 ms a try) and so let a lease renewal lose to a stream of joins and commands
+    /// until the lease lapsed under load. Other processes on the file still meet the busy handler.
+    writer: SqlitePool,
     /// Keep outbox rows until their webhook is delivered (set when a webhook is configured).
     pub keep_for_webhook: bool,
 }
@@ -375,13 +381,18 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts.clone())
+            .await?;
+        sqlx::migrate!("./migrations").run(&writer).await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(opts)
             .await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
         Ok(Self {
             pool,
+            writer,
             keep_for_webhook: false,
         })
     }
@@ -404,7 +415,7 @@ impl Store for SqliteStore {
     }
 
     async fn grant(&self, req: GrantReq, signer: &Keypair) -> StoreResult<GrantOutcome> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let out = grant_in_tx(&mut tx, &req, signer).await?;
         if matches!(out, GrantOutcome::Won { .. }) {
             tx.commit().await?;
@@ -422,7 +433,7 @@ impl Store for SqliteStore {
         session: &SessionId,
         lease_ms: u64,
     ) -> StoreResult<Option<(u64, u64)>> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let q = format!(
             "UPDATE rooms SET lease_expires = {NOW} + COALESCE(ttl_ms, ?) \
              WHERE room = ? AND epoch = ? AND host = ? AND session = ? AND lease_expires > {NOW} \
@@ -442,7 +453,7 @@ impl Store for SqliteStore {
     }
 
     async fn close_hostless(&self, room: &RoomId, epoch: Epoch) -> StoreResult<bool> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
             .bind(room.as_str())
             .execute(&mut *tx)
@@ -460,7 +471,7 @@ impl Store for SqliteStore {
     }
 
     async fn set_ttl(&self, room: &RoomId, ttl_ms: Option<u64>) -> StoreResult<()> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
             .bind(room.as_str())
             .execute(&mut *tx)
@@ -475,7 +486,7 @@ impl Store for SqliteStore {
     }
 
     async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let now = store_now(&mut tx).await?;
         // A room that never had a host still takes participant commands.
         sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
@@ -699,7 +710,7 @@ impl Store for SqliteStore {
             let Ok(room_id) = RoomId::new(room.clone()) else {
                 continue;
             };
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
             let q = format!(
                 "UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL"
             );
@@ -741,7 +752,7 @@ impl Store for SqliteStore {
         limit: i64,
         claim_ms: u64,
     ) -> StoreResult<Vec<(i64, String, String, i64)>> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let q = format!(
             "UPDATE outbox SET webhook_next_at = {NOW} + ? WHERE id IN (\
              SELECT id FROM outbox WHERE webhook_done_at IS NULL AND webhook_next_at <= {NOW} \
@@ -764,7 +775,7 @@ impl Store for SqliteStore {
             let q = format!(
                 "UPDATE outbox SET webhook_done_at = {NOW}, webhook_attempts = webhook_attempts + 1 WHERE id = ?"
             );
-            sqlx::query(&q).bind(id).execute(&self.pool).await?;
+            sqlx::query(&q).bind(id).execute(&self.writer).await?;
         } else {
             let q = format!(
                 "UPDATE outbox SET webhook_next_at = {NOW} + ?, webhook_attempts = webhook_attempts + 1 WHERE id = ?"
@@ -772,7 +783,7 @@ impl Store for SqliteStore {
             sqlx::query(&q)
                 .bind(retry_ms as i64)
                 .bind(id)
-                .execute(&self.pool)
+                .execute(&self.writer)
                 .await?;
         }
         Ok(())
@@ -782,7 +793,7 @@ impl Store for SqliteStore {
         sqlx::query("INSERT OR IGNORE INTO participants (room, participant) VALUES (?, ?)")
             .bind(room.as_str())
             .bind(p.as_str())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -832,13 +843,13 @@ impl Store for SqliteStore {
         let q = format!("DELETE FROM idempotency WHERE created_at < {NOW} - ?");
         sqlx::query(&q)
             .bind(IDEMPOTENCY_RETENTION_MS)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         sqlx::query(
             "DELETE FROM log WHERE seq <= (SELECT r.seq FROM rooms r WHERE r.room = log.room) - ?",
         )
         .bind(keep_log)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         let q = format!(
             "DELETE FROM outbox WHERE notified_at IS NOT NULL AND created_at < {NOW} - 3600000 \
@@ -846,7 +857,7 @@ impl Store for SqliteStore {
         );
         sqlx::query(&q)
             .bind(!self.keep_for_webhook)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 use hostlease::core::elect;
 use hostlease::protocol::{
@@ -22,6 +22,9 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
 use crate::rooms::{correlation_id, App, Bcast, Direct, Room};
+
+/// Broadcast frames written per flush at most.
+const BROADCAST_BATCH: usize = 64;
 use crate::store::CommandReq;
 use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
 
@@ -101,7 +104,32 @@ impl Drop for ConnGuard {
 }
 
 pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
-    let (mut sink, mut stream) = socket.split();
+    let (sink, mut stream) = socket.split();
+    serve(app, room_id, sink, &mut stream).await;
+    drain(&mut stream).await;
+}
+
+/// After a session ends, reads (and drops) what the client still sends, briefly and boundedly:
+/// closing a TCP socket with unread bytes in it makes the kernel reset the connection, and the
+/// reset can destroy the typed error frame and the close frame sent just before, on their way
+/// to a client that was still sending (a flooding one, typically).
+async fn drain(stream: &mut futures_util::stream::SplitStream<WebSocket>) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        for _ in 0..1024 {
+            if !matches!(stream.next().await, Some(Ok(_))) {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+async fn serve(
+    app: Arc<App>,
+    room_id: RoomId,
+    mut sink: Sink,
+    stream: &mut futures_util::stream::SplitStream<WebSocket>,
+) {
     let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
     let _guard = ConnGuard(app.clone());
     if count > app.cfg.max_connections {
@@ -195,7 +223,7 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
             let snapshot = app.snapshot_locked(&room, &st, None);
             let rx = room.tx.subscribe();
             let _ = room.tx.send(Bcast::Presence {
-                frame: Arc::new(encode_server(&ServerMsg::Presence {
+                frame: Utf8Bytes::from(encode_server(&ServerMsg::Presence {
                     member: member.clone(),
                     online: true,
                 })),
@@ -230,7 +258,7 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
             at: Instant::now(),
         },
     };
-    let explicit = conn.live(snapshot, resume, rx, drx, &mut stream).await;
+    let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
     // Leaving: remove the member and tell the room; a host that left explicitly is replaced at
     // once, a dead connection only stops renewing (the sweeper reassigns after expiry).
     {
@@ -238,7 +266,7 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
         st.members.retain(|m| m.session != session);
         st.conns.remove(&session);
         let _ = room.tx.send(Bcast::Presence {
-            frame: Arc::new(encode_server(&ServerMsg::Presence {
+            frame: Utf8Bytes::from(encode_server(&ServerMsg::Presence {
                 member,
                 online: false,
             })),
@@ -312,7 +340,7 @@ impl Conn {
             let flow = tokio::select! {
                 m = stream.next() => self.on_client(m).await,
                 b = rx.recv() => match b {
-                    Ok(b) => self.on_broadcast(b).await,
+                    Ok(b) => self.on_broadcasts(b, &mut rx).await,
                     // A slow client: it sees a seq gap on the next item and resumes.
                     Err(broadcast::error::RecvError::Lagged(_)) => Flow::Continue,
                     Err(broadcast::error::RecvError::Closed) => Flow::End(false),
@@ -533,16 +561,35 @@ impl Conn {
         }
     }
 
+    /// Sends `first` and what else the room has already queued for this connection, up to
+    /// `BROADCAST_BATCH` frames, with one flush: a busy room costs a write per batch, not one
+    /// per frame. Order is kept (a probe sent on the way flushes what was queued before it).
+    async fn on_broadcasts(&mut self, first: Bcast, rx: &mut broadcast::Receiver<Bcast>) -> Flow {
+        let mut next = Some(first);
+        let mut sent = 0;
+        while let Some(b) = next.take() {
+            if let Flow::End(e) = self.on_broadcast(b).await {
+                return Flow::End(e);
+            }
+            sent += 1;
+            if sent < BROADCAST_BATCH {
+                // A lag shows up here as an error, as it would at `recv`: the client sees a seq
+                // gap on the next item and resumes from its cursor.
+                next = rx.try_recv().ok();
+            }
+        }
+        if self.sink.flush().await.is_err() {
+            return Flow::End(false);
+        }
+        Flow::Continue
+    }
+
+    /// Queues one broadcast frame (the caller flushes) and acts on what it means for this session.
     async fn on_broadcast(&mut self, b: Bcast) -> Flow {
         let f = match &b {
             Bcast::Item { frame, .. } | Bcast::Presence { frame } => frame.clone(),
         };
-        if self
-            .sink
-            .send(Message::Text(f.as_str().into()))
-            .await
-            .is_err()
-        {
+        if self.sink.feed(Message::Text(f)).await.is_err() {
             return Flow::End(false);
         }
         if let Bcast::Item { item, .. } = b {
