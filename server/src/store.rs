@@ -790,6 +790,17 @@ impl Store for SqliteStore {
     }
 
     async fn remember_participant(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<()> {
+        // Most joins are rejoins: a read on a reader spares the writer (and the lease renewals
+        // queued for it) an fsync per join, which a reconnect storm would otherwise cost.
+        let known: Option<i64> =
+            sqlx::query_scalar("SELECT 1 FROM participants WHERE room = ? AND participant = ?")
+                .bind(room.as_str())
+                .bind(p.as_str())
+                .fetch_optional(&self.pool)
+                .await?;
+        if known.is_some() {
+            return Ok(());
+        }
         sqlx::query("INSERT OR IGNORE INTO participants (room, participant) VALUES (?, ?)")
             .bind(room.as_str())
             .bind(p.as_str())
