@@ -174,6 +174,19 @@ async function agree(ms, host, { timeout } = {}) {
 }
 
 /** Every page agrees on some host and epoch, twice in a row (the server may still be electing). */
+/** A new room with Alice (who becomes host), then Bob and Carol, each on its own page through its
+ * own proxy to the shared server; resolves once every page agrees that Alice hosts. */
+async function threeMembers(tag) {
+  const room = newRoom(tag);
+  const a = await member(srv, room, "Alice");
+  await until("alice hosts", async () => (await view(a)).amHost);
+  const b = await member(srv, room, "Bob");
+  const c = await member(srv, room, "Carol");
+  const all = [a, b, c];
+  const epoch = await agree(all, a.id);
+  return { a, b, c, all, epoch };
+}
+
 async function agreeOnAny(ms) {
   let prev = null;
   return until("all pages agree on a host", async () => {
@@ -244,13 +257,7 @@ const votesBy = async (m, actor) => (await demoState(m)).log.filter((e) => e.act
 // ----- scenarios -------------------------------------------------------------------------------
 
 test("the first member becomes host; all pages agree on host and epoch; polls and a hand-over work", { timeout: 180_000 }, async () => {
-  const room = newRoom("first");
-  const a = await member(srv, room, "Alice");
-  await until("alice hosts", async () => (await view(a)).amHost);
-  const b = await member(srv, room, "Bob");
-  const c = await member(srv, room, "Carol");
-  const all = [a, b, c];
-  const epoch = await agree(all, a.id);
+  const { a, b, c, all, epoch } = await threeMembers("first");
   await controlsOnlyFor(all, a.id);
   for (const m of all) {
     const [v, d] = [await view(m), await dom(m)];
@@ -284,12 +291,7 @@ test("the first member becomes host; all pages agree on host and epoch; polls an
 });
 
 test("the host's page is closed: a new host, every page agrees, the timeline shows why", { timeout: 180_000 }, async () => {
-  const room = newRoom("closed");
-  const a = await member(srv, room, "Alice");
-  await until("alice hosts", async () => (await view(a)).amHost);
-  const b = await member(srv, room, "Bob");
-  const c = await member(srv, room, "Carol");
-  const epoch = await agree([a, b, c], a.id);
+  const { a, b, c, epoch } = await threeMembers("closed");
 
   await a.ctx.close(); // the tab goes away, whatever it managed to say on the way out
   const rest = [b, c];
@@ -314,13 +316,7 @@ test("the host's page is closed: a new host, every page agrees, the timeline sho
 });
 
 test("a deposed host cut off past its lease, then back with its old token: its close poll does not take effect", { timeout: 180_000 }, async () => {
-  const room = newRoom("deposed");
-  const a = await member(srv, room, "Alice");
-  await until("alice hosts", async () => (await view(a)).amHost);
-  const b = await member(srv, room, "Bob");
-  const c = await member(srv, room, "Carol");
-  const all = [a, b, c];
-  const epoch = await agree(all, a.id);
+  const { a, b, c, all, epoch } = await threeMembers("deposed");
   await openPoll(a, "Tea or coffee?", ["Tea", "Coffee"]);
   await countsAre(all, "Tea or coffee?", [0, 0]);
   await castVote(b, 0);
@@ -452,13 +448,7 @@ test("the server is killed: one provisional coordinator, host controls off; rest
 });
 
 test("a page cut off from the server learns the new host from a peer (verified); a forged relay is rejected", { timeout: 180_000 }, async () => {
-  const room = newRoom("relay");
-  const a = await member(srv, room, "Alice");
-  await until("alice hosts", async () => (await view(a)).amHost);
-  const b = await member(srv, room, "Bob");
-  const c = await member(srv, room, "Carol");
-  const all = [a, b, c];
-  const epoch = await agree(all, a.id);
+  const { a, b, c, all, epoch } = await threeMembers("relay");
   await meshed(all);
   // Carol has verified a relay already (each side relays its assignment when a channel opens),
   // so she holds the server's public keys.
@@ -505,13 +495,7 @@ test("a page cut off from the server learns the new host from a peer (verified);
 });
 
 test("votes cast during a reconnect are neither lost nor counted twice", { timeout: 180_000 }, async () => {
-  const room = newRoom("votes");
-  const a = await member(srv, room, "Alice");
-  await until("alice hosts", async () => (await view(a)).amHost);
-  const b = await member(srv, room, "Bob");
-  const c = await member(srv, room, "Carol");
-  const all = [a, b, c];
-  await agree(all, a.id);
+  const { a, b, c, all } = await threeMembers("votes");
   await openPoll(a, "Best editor?", ["vi", "emacs", "nano"]);
   await countsAre(all, "Best editor?", [0, 0, 0]);
 
