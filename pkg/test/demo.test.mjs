@@ -91,9 +91,10 @@ async function member(server, room, name) {
   const page = await ctx.newPage();
   const proxy = new Proxy(server.port);
   const port = await proxy.listen();
-  const m = { name, page, ctx, proxy, results: [] };
+  const m = { name, page, ctx, proxy, results: [], consoleErrors: [], pageErrors: [] };
   opened.add(m);
-  page.on("pageerror", (e) => console.error(`[${name}] pageerror`, e));
+  page.on("pageerror", (e) => m.pageErrors.push(String(e)));
+  page.on("console", (msg) => msg.type() === "error" && m.consoleErrors.push(msg.text()));
   // Every command result the server sends this page, whatever socket it came on.
   page.on("websocket", (ws) => ws.on("framereceived", ({ payload }) => {
     if (typeof payload !== "string" || !payload.includes('"command_result"')) return;
@@ -145,12 +146,14 @@ async function hostError(m, what) {
   }).then((r) => r.text);
 }
 
+/** Closes the pages; none may have thrown an uncaught exception on the way. */
 async function closeAll(...ms) {
   for (const m of ms) {
     opened.delete(m);
     await m.ctx.close().catch(() => {});
     await m.proxy.close();
   }
+  for (const m of ms) assert.deepEqual(m.pageErrors, [], `${m.name}'s page threw`);
 }
 
 async function screenshot(m, scenario) {
@@ -287,6 +290,8 @@ test("the first member becomes host; all pages agree on host and epoch; polls an
   await countsAre(all, "Where do we eat?", [1, 2, 0]);
   await sameEventStream(all);
   await screenshot(b, "first-host");
+  // Without faults the console stays clean (with them, Chromium itself logs the failed sockets).
+  for (const m of all) assert.deepEqual(m.consoleErrors, [], `${m.name}'s console`);
   await closeAll(...all);
 });
 
