@@ -187,7 +187,15 @@ export async function fetchInbox({ url, room, token, since = 0 } = {}) {
   if (!Number.isSafeInteger(since) || since < 0) {
     throw new UsageError(ErrorCode.BadArgument, "`since` must be a cursor (a non-negative integer)");
   }
-  const base = `${httpBase(url)}/v1/rooms/${encodeURIComponent(room)}/inbox`;
+  let origin;
+  try {
+    const u = new URL(url);
+    if (!["ws:", "wss:", "http:", "https:"].includes(u.protocol)) throw new TypeError(u.protocol);
+    origin = httpBase(url);
+  } catch (e) {
+    throw new UsageError(ErrorCode.BadArgument, "`url` must be a ws(s):// or http(s):// URL", { cause: e });
+  }
+  const base = `${origin}/v1/rooms/${encodeURIComponent(room)}/inbox`;
   const entries = [];
   let cursor = since;
   for (let page = 0; page < INBOX_MAX_PAGES; page++) {
@@ -344,9 +352,16 @@ export class Room {
 
   /** Reads this participant's durable inbox (see `fetchInbox`) with the room's join token. */
   async inbox({ since = 0 } = {}) {
-    const token = await this._token();
-    if (token === null) throw new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token");
-    return fetchInbox({ url: this._url, room: this.room, token, since });
+    for (let attempt = 0; ; attempt++) {
+      const token = await this._token();
+      if (token === null) throw new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token");
+      try {
+        return await fetchInbox({ url: this._url, room: this.room, token, since });
+      } catch (e) {
+        if (e.code !== ErrorCode.Unauthorized || attempt > 0) throw e;
+        this._tokenCache = null; // refused: ask the app for a fresh token, once
+      }
+    }
   }
 
   /** Sends WebRTC signalling `data` to member `to` through the server. */

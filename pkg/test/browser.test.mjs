@@ -237,10 +237,13 @@ test("a member who left reads what it missed from its durable inbox, with its jo
   await until("bob gone from alice's members", async () => !(await a.view()).members.some((m) => m.id === "bob"));
   const opened = await a.page.evaluate(() => window.T.command("poll.open", { question: "while bob was away", options: ["a", "b"] }));
   assert.ok(opened.ok, JSON.stringify(opened));
+  let lastErr = null; // a transient refusal (503, 429) is retried; the last one explains a timeout
   const page = await until("bob's inbox has the poll", async () => {
     const r = await b.page.evaluate(() => window.T.inbox(0));
-    assert.ok(r.ok, JSON.stringify(r));
-    return r.ok.entries.some((e) => e.item.kind === "event" && e.item.seq === opened.ok.seq) && r.ok;
+    lastErr = r.err ?? lastErr;
+    return r.ok?.entries.some((e) => e.item.kind === "event" && e.item.seq === opened.ok.seq) ? r.ok : false;
+  }).catch((e) => {
+    throw new Error(`${e.message}; last inbox error: ${JSON.stringify(lastErr)}`);
   });
   const cursors = page.entries.map((e) => e.cursor);
   assert.deepEqual(cursors, [...cursors].sort((x, y) => x - y), "inbox entries out of order");

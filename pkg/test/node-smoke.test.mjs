@@ -76,6 +76,9 @@ test("fetchInbox pages through the inbox and rejects bad answers with typed erro
     await rejects("{}", 500, "Unavailable", hl.ConnectionError);
     await assert.rejects(hl.fetchInbox({ url, room: "r" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
     await assert.rejects(hl.fetchInbox({ url, room: "r", token: "t", since: -1 }), (e) => e.code === "BadArgument");
+    for (const bad of ["not a url", "foo://h", "file:///etc"]) {
+      await assert.rejects(hl.fetchInbox({ url: bad, room: "r", token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument", bad);
+    }
   } finally {
     server.close();
   }

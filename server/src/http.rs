@@ -99,23 +99,26 @@ async fn rate_limit(
 
 /// What a browser app served from another origin may read: snapshots, its inbox (the join token
 /// travels in the `Authorization` header; no cookies, so no credentials mode) and the public keys
-/// that verify relayed assignments. Commands, admin and metrics stay same-origin.
-fn browser_reads() -> Router<Arc<App>> {
+/// that verify relayed assignments. Commands, admin and metrics stay same-origin. CORS sits
+/// outside the rate limit, so that a 429 still reaches the page with its `Retry-After`; it is a
+/// route layer, so unmatched paths get no CORS headers.
+fn browser_reads(app: &Arc<App>) -> Router<Arc<App>> {
     let cors = CorsLayer::new()
         .allow_origin(Any)
         .allow_methods([Method::GET])
         .allow_headers([header::AUTHORIZATION])
+        .expose_headers([header::RETRY_AFTER])
         .max_age(std::time::Duration::from_secs(600));
     Router::new()
         .route("/v1/rooms/{room}", get(snapshot))
         .route("/v1/rooms/{room}/inbox", get(inbox))
         .route("/v1/keys", get(keys))
-        .layer(cors)
+        .route_layer(middleware::from_fn_with_state(app.clone(), rate_limit))
+        .route_layer(cors)
 }
 
 pub fn router(app: Arc<App>) -> Router {
     let mut r = Router::new()
-        .merge(browser_reads())
         .route("/v1/rooms/{room}/ws", get(ws_upgrade))
         .route("/v1/rooms/{room}/commands", post(command))
         .route("/v1/admin/rooms/{room}/reassign", post(admin_reassign))
@@ -131,6 +134,7 @@ pub fn router(app: Arc<App>) -> Router {
         r = r.fallback_service(tower_http::services::ServeDir::new(dir));
     }
     r.layer(middleware::from_fn_with_state(app.clone(), rate_limit))
+        .merge(browser_reads(&app))
         .with_state(app)
 }
 

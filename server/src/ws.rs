@@ -104,7 +104,19 @@ impl Drop for ConnGuard {
 }
 
 pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
-    let (sink, mut stream) = socket.split();
+    // Counted until the socket is dropped, drain included, so the cap bounds open sockets.
+    let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    let _guard = ConnGuard(app.clone());
+    let (mut sink, mut stream) = socket.split();
+    if count > app.cfg.max_connections {
+        close_with(
+            &mut sink,
+            ErrorCode::TooManyConnections,
+            "too many connections",
+        )
+        .await;
+        return;
+    }
     serve(app, room_id, sink, &mut stream).await;
     drain(&mut stream).await;
 }
@@ -130,17 +142,6 @@ async fn serve(
     mut sink: Sink,
     stream: &mut futures_util::stream::SplitStream<WebSocket>,
 ) {
-    let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
-    let _guard = ConnGuard(app.clone());
-    if count > app.cfg.max_connections {
-        close_with(
-            &mut sink,
-            ErrorCode::TooManyConnections,
-            "too many connections",
-        )
-        .await;
-        return;
-    }
     // The first frame must be a hello, within a bounded time.
     let first = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;
     let text = match first {

@@ -435,7 +435,11 @@ async fn browser_reads_allow_other_origins_and_nothing_else_does() {
             .unwrap();
         assert_eq!(r.headers()["access-control-allow-origin"], "*", "{path}");
     }
-    for path in ["/v1/rooms/co/commands", "/v1/admin/rooms/co/close"] {
+    for path in [
+        "/v1/rooms/co/commands",
+        "/v1/admin/rooms/co/close",
+        "/no/such/path",
+    ] {
         let r = preflight(path, "POST", "authorization").await.unwrap();
         assert!(
             r.headers().get("access-control-allow-origin").is_none(),
@@ -522,6 +526,7 @@ async fn room_member_and_http_limits() {
     for _ in 0..6 {
         let r = http
             .get(format!("http://{}/v1/keys", srv.addr))
+            .header("origin", "https://app.example")
             .send()
             .await
             .unwrap();
@@ -530,6 +535,12 @@ async fn room_member_and_http_limits() {
                 .headers()
                 .get("retry-after")
                 .map(|v| v.to_str().unwrap().to_string());
+            // A page on another origin can read the refusal and when to come back.
+            assert_eq!(r.headers()["access-control-allow-origin"], "*");
+            let exposed = r.headers()["access-control-expose-headers"]
+                .to_str()
+                .unwrap();
+            assert!(exposed.contains("retry-after"), "{exposed}");
         }
         statuses.push(r.status().as_u16());
     }
