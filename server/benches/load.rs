@@ -682,6 +682,31 @@ struct FanOut {
 
 /// Every room's host publishes `per_room` events; every client of every room must apply all of
 /// them. Captures the events seen by one participant per room.
+/// `runs` fan-out runs through the server to `clients` clients: each run's figures, and the
+/// event frames of the last complete run (or of the first, if none completed) for the baseline.
+async fn fanout_runs(
+    rooms: &mut [Room],
+    per_room: usize,
+    runs: usize,
+    clients: usize,
+) -> (Vec<FanOut>, Vec<Vec<RoomEvent>>) {
+    let mut figures = Vec::new();
+    let mut captured = Vec::new();
+    for _ in 0..runs {
+        if let Some((f, c)) = fanout_server(rooms, per_room).await {
+            eprintln!(
+                "[load] fan-out {clients}: {:.0} deliveries/s, {:.0} events/s",
+                f.deliveries_per_s, f.events_per_s
+            );
+            if f.complete || captured.is_empty() {
+                captured = c.into_iter().filter(|v| !v.is_empty()).collect();
+            }
+            figures.push(f);
+        }
+    }
+    (figures, captured)
+}
+
 async fn fanout_server(
     rooms: &mut [Room],
     per_room: usize,
@@ -1342,20 +1367,7 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     let join1_s = t.elapsed().as_secs_f64();
     eprintln!("[load] joined in {join1_s:.1} s");
     let per_room_1 = 100;
-    let mut fan1 = Vec::new();
-    let mut cap1 = Vec::new();
-    for _ in 0..FANOUT_RUNS {
-        if let Some((f, c)) = fanout_server(&mut rooms[..1], per_room_1).await {
-            eprintln!(
-                "[load] fan-out {room_size}: {:.0} deliveries/s, {:.0} events/s",
-                f.deliveries_per_s, f.events_per_s
-            );
-            if f.complete || cap1.is_empty() {
-                cap1 = c.into_iter().filter(|v| !v.is_empty()).collect();
-            }
-            fan1.push(f);
-        }
-    }
+    let (fan1, cap1) = fanout_runs(&mut rooms[..1], per_room_1, FANOUT_RUNS, room_size).await;
     eprintln!("[load] failover after explicit leave ...");
     let leave = failover(&mut g, &mut rooms[0], LEAVE_ROUNDS, false, &target).await;
     eprintln!("[load] silent loss ...");
@@ -1394,20 +1406,8 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     // Let the hosts elected during the join renew (or lapse) before measuring.
     tokio::time::sleep(Duration::from_millis(LEASE_MS)).await;
     let per_room_n = (1000 / n_rooms).max(4);
-    let mut fan_n = Vec::new();
-    let mut cap_n = Vec::new();
-    for _ in 0..if all_ok { FANOUT_RUNS } else { 0 } {
-        if let Some((f, c)) = fanout_server(&mut rooms, per_room_n).await {
-            eprintln!(
-                "[load] fan-out {total}: {:.0} deliveries/s, {:.0} events/s",
-                f.deliveries_per_s, f.events_per_s
-            );
-            if f.complete || cap_n.is_empty() {
-                cap_n = c.into_iter().filter(|v| !v.is_empty()).collect();
-            }
-            fan_n.push(f);
-        }
-    }
+    let runs = if all_ok { FANOUT_RUNS } else { 0 };
+    let (fan_n, cap_n) = fanout_runs(&mut rooms, per_room_n, runs, total).await;
 
     eprintln!("[load] reconnect storm ({total} clients, server restart) ...");
     let storm = if all_ok {
