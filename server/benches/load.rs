@@ -948,18 +948,7 @@ async fn fanout_baseline(
         let total: usize = captured.iter().map(Vec::len).sum::<usize>() * room_size;
         out.push(total as f64 / ((end - start) as f64 / 1e9));
     }
-    for r in &rooms {
-        for c in &r.clients {
-            let _ = c.ctrl.send(Ctrl::Quit);
-        }
-    }
-    wait_until(Duration::from_secs(10), || {
-        rooms
-            .iter()
-            .flat_map(|r| &r.clients)
-            .all(|c| c.sh.done.load(RELAXED))
-    })
-    .await;
+    quit_all(&rooms).await;
     out
 }
 

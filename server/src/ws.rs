@@ -22,13 +22,14 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
 use crate::rooms::{correlation_id, App, Bcast, Direct, Room};
-
-/// Broadcast frames written per flush at most.
-const BROADCAST_BATCH: usize = 64;
 use crate::store::CommandReq;
 use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
 
+/// Broadcast frames written per flush at most.
+const BROADCAST_BATCH: usize = 64;
+
 type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
+type Stream = futures_util::stream::SplitStream<WebSocket>;
 
 fn frame(msg: &ServerMsg) -> Message {
     Message::Text(encode_server(msg).into())
@@ -115,9 +116,9 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
             "too many connections",
         )
         .await;
-        return;
+    } else {
+        serve(app, room_id, sink, &mut stream).await;
     }
-    serve(app, room_id, sink, &mut stream).await;
     drain(&mut stream).await;
 }
 
@@ -125,7 +126,7 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
 /// closing a TCP socket with unread bytes in it makes the kernel reset the connection, and the
 /// reset can destroy the typed error frame and the close frame sent just before, on their way
 /// to a client that was still sending (a flooding one, typically).
-async fn drain(stream: &mut futures_util::stream::SplitStream<WebSocket>) {
+async fn drain(stream: &mut Stream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         for _ in 0..1024 {
             if !matches!(stream.next().await, Some(Ok(_))) {
@@ -136,12 +137,7 @@ async fn drain(stream: &mut futures_util::stream::SplitStream<WebSocket>) {
     .await;
 }
 
-async fn serve(
-    app: Arc<App>,
-    room_id: RoomId,
-    mut sink: Sink,
-    stream: &mut futures_util::stream::SplitStream<WebSocket>,
-) {
+async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stream) {
     // The first frame must be a hello, within a bounded time.
     let first = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;
     let text = match first {
@@ -317,7 +313,7 @@ impl Conn {
         resume: Option<Seq>,
         mut rx: broadcast::Receiver<Bcast>,
         mut drx: mpsc::Receiver<Direct>,
-        stream: &mut futures_util::stream::SplitStream<WebSocket>,
+        stream: &mut Stream,
     ) -> bool {
         if !self.welcome(snapshot, resume).await {
             return false;
