@@ -1,10 +1,13 @@
 //! Durable storage behind the [`Store`] trait; [`SqliteStore`] is the embedded implementation.
 //!
-//! Every decision (grant, renewal, command) is one `BEGIN IMMEDIATE` transaction whose checks
-//! and effects, including the outbox row, commit together. Time-based decisions use the store's
-//! clock inside the SQL ([`NOW`]), never the caller's.
+//! Every decision (grant, renewal, command) runs inside a `BEGIN IMMEDIATE` transaction whose
+//! checks and effects, including the outbox row, commit together; commands and renewals queued
+//! at the same time share one transaction (group commit, each in its own savepoint). Time-based
+//! decisions use the store's clock inside the SQL ([`NOW`]), never the caller's.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,6 +20,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqliteConnection, SqlitePool};
+
+use tokio::sync::{mpsc, oneshot};
 
 use crate::tokens::{CapClaims, Keypair};
 
@@ -211,6 +216,8 @@ pub struct SqliteStore {
     /// (up to 100 ms a try) and so let a lease renewal lose to a stream of joins and commands
     /// until the lease lapsed under load. Other processes on the file still meet the busy handler.
     writer: SqlitePool,
+    /// Commands and renewals, committed in groups through `writer`.
+    group: GroupCommit,
     /// Keep outbox rows until their webhook is delivered (set when a webhook is configured).
     pub keep_for_webhook: bool,
 }
@@ -366,6 +373,363 @@ async fn grant_in_tx(
     })
 }
 
+/// A command's checks and effect inside the caller's open transaction. The flag says whether
+/// the effect is to be kept (`false`: a rejection or a replay, nothing to commit).
+async fn command_in_tx(
+    tx: &mut SqliteConnection,
+    req: &CommandReq,
+    signer: &Keypair,
+) -> StoreResult<(CommandDone, bool)> {
+    let now = store_now(tx).await?;
+    // A room that never had a host still takes participant commands.
+    sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
+        .bind(req.room.as_str())
+        .execute(&mut *tx)
+        .await?;
+    let row = read_room(tx, &req.room).await?;
+    let current = row.as_ref().and_then(|r| r.current.clone());
+    let reject = |code: RejectCode| CommandDone {
+        outcome: Outcome::Rejected {
+            code,
+            current: current.clone(),
+            retry_after_ms: None,
+        },
+        assignment: None,
+        replayed: false,
+    };
+    let hash = request_hash(&req.action, &req.payload);
+    let c = &req.claims;
+    // Signature and kid were checked by the caller; everything else is checked here,
+    // against the row this transaction holds.
+    if c.room != req.room || c.sub != req.sender {
+        return Ok((reject(RejectCode::BadCapability), false));
+    }
+    if let Some(s) = &req.sender_session {
+        if s != &c.sid {
+            return Ok((reject(RejectCode::BadCapability), false));
+        }
+    }
+    // Idempotency: scoped to (room, sub), shared by both transports.
+    let prior: Option<(String, String)> = sqlx::query_as(
+        "SELECT request_hash, outcome FROM idempotency WHERE room = ? AND sub = ? AND key = ?",
+    )
+    .bind(req.room.as_str())
+    .bind(c.sub.as_str())
+    .bind(req.key.as_str())
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some((h, outcome)) = prior {
+        if h != hash {
+            return Ok((reject(RejectCode::IdempotencyConflict), false));
+        }
+        let outcome: Outcome =
+            serde_json::from_str(&outcome).map_err(|e| StoreError(e.to_string()))?;
+        return Ok((
+            CommandDone {
+                outcome,
+                assignment: None,
+                replayed: true,
+            },
+            false,
+        ));
+    }
+    let Some(row) = row else {
+        return Ok((
+            reject(match req.kind {
+                ActionKind::Host => RejectCode::NotHost,
+                ActionKind::Participant => RejectCode::BadRequest,
+            }),
+            false,
+        ));
+    };
+    if c.exp <= now {
+        return Ok((reject(RejectCode::BadCapability), false));
+    }
+    if !c.actions.contains(&req.action) {
+        return Ok((reject(RejectCode::ActionNotGranted), false));
+    }
+    if row.closed {
+        return Ok((reject(RejectCode::BadRequest), false));
+    }
+    if req.kind == ActionKind::Host {
+        if c.role != Role::Host {
+            return Ok((reject(RejectCode::BadCapability), false));
+        }
+        if c.epoch != Some(row.epoch) || req.epoch.is_some_and(|e| e != row.epoch) {
+            return Ok((reject(RejectCode::StaleEpoch), false));
+        }
+        if row.host.as_ref() != Some(&c.sub) || row.session.as_ref() != Some(&c.sid) {
+            return Ok((reject(RejectCode::NotHost), false));
+        }
+        if now >= row.lease_expires {
+            return Ok((reject(RejectCode::LeaseExpired), false));
+        }
+    }
+    // The effect: a room event on the room's seq, then (resign/transfer) the grant.
+    let seq = row.seq.next();
+    sqlx::query("UPDATE rooms SET seq = ? WHERE room = ? AND epoch = ?")
+        .bind(seq.0 as i64)
+        .bind(req.room.as_str())
+        .bind(row.epoch.0 as i64)
+        .execute(&mut *tx)
+        .await?;
+    let event = RoomEvent {
+        seq,
+        epoch: row.epoch,
+        actor: c.sub.clone(),
+        action: req.action.clone(),
+        payload: req.payload.clone(),
+        at: ServerTime(now),
+    };
+    let dedup = format!("{}:{}", req.room, seq.0);
+    append(tx, &req.room, seq, &dedup, &Item::Event(event), now).await?;
+    let mut assignment = None;
+    if let Some(next) = &req.next_holder {
+        let reason = if req.action.as_str() == hostlease::protocol::ACTION_TRANSFER {
+            Reason::Transferred
+        } else {
+            Reason::Resigned
+        };
+        let g = GrantReq {
+            room: req.room.clone(),
+            expected_epoch: row.epoch,
+            holder: next.clone(),
+            lease_ms: req.lease_ms,
+            reason,
+            require_lapsed: false,
+            close: false,
+        };
+        match grant_in_tx(tx, &g, signer).await? {
+            GrantOutcome::Won { assignment: a, .. } => assignment = Some(a),
+            GrantOutcome::Lost(_) => {
+                return Ok((reject(RejectCode::StaleEpoch), false));
+            }
+        }
+    }
+    let outcome = Outcome::Accepted { seq };
+    sqlx::query(
+        "INSERT INTO idempotency (room, sub, key, request_hash, outcome, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(req.room.as_str())
+    .bind(c.sub.as_str())
+    .bind(req.key.as_str())
+    .bind(&hash)
+    .bind(serde_json::to_string(&outcome).map_err(|e| StoreError(e.to_string()))?)
+    .bind(now as i64)
+    .execute(&mut *tx)
+    .await?;
+    Ok((
+        CommandDone {
+            outcome,
+            assignment,
+            replayed: false,
+        },
+        true,
+    ))
+}
+
+/// A lease renewal: the CAS on `(room, epoch, host, session)` while the lease is still live.
+struct Renewal {
+    room: RoomId,
+    epoch: Epoch,
+    host: ParticipantId,
+    session: SessionId,
+    lease_ms: u64,
+}
+
+async fn renew_in_tx(c: &mut SqliteConnection, r: &Renewal) -> StoreResult<Option<(u64, u64)>> {
+    let q = format!(
+        "UPDATE rooms SET lease_expires = {NOW} + COALESCE(ttl_ms, ?) \
+         WHERE room = ? AND epoch = ? AND host = ? AND session = ? AND lease_expires > {NOW} \
+         RETURNING lease_expires, COALESCE(ttl_ms, ?)"
+    );
+    let row: Option<(i64, i64)> = sqlx::query_as(&q)
+        .bind(r.lease_ms as i64)
+        .bind(r.room.as_str())
+        .bind(r.epoch.0 as i64)
+        .bind(r.host.as_str())
+        .bind(r.session.as_str())
+        .bind(r.lease_ms as i64)
+        .fetch_optional(&mut *c)
+        .await?;
+    Ok(row.map(|(e, t)| (e as u64, t as u64)))
+}
+
+// ----- group commit ------------------------------------------------------------------------------
+
+/// Most decisions a group commit takes in one transaction.
+const GROUP_MAX: usize = 256;
+
+type Reply<T> = oneshot::Sender<StoreResult<T>>;
+
+/// A decision for the group committer: its checks and effect run in a savepoint of the group's
+/// transaction, and its answer is sent only after that transaction committed.
+enum Job {
+    Command {
+        req: Box<CommandReq>,
+        signer: Keypair,
+        reply: Reply<CommandDone>,
+    },
+    Renew {
+        renewal: Renewal,
+        reply: Reply<Option<(u64, u64)>>,
+    },
+}
+
+impl Job {
+    /// The answer of a job the group did not get to (it failed before).
+    fn not_run(self) -> Answer {
+        let e = || StoreError("not run".into());
+        match self {
+            Job::Command { reply, .. } => Answer::Command(reply, Box::new(Err(e()))),
+            Job::Renew { reply, .. } => Answer::Renew(reply, Err(e())),
+        }
+    }
+}
+
+/// A job's answer, held until the group's commit.
+enum Answer {
+    Command(Reply<CommandDone>, Box<StoreResult<CommandDone>>),
+    Renew(Reply<Option<(u64, u64)>>, StoreResult<Option<(u64, u64)>>),
+}
+
+impl Answer {
+    fn send(self) {
+        // A caller that went away (its connection closed) no longer wants the answer; an accepted
+        // command stays accepted, and a retry with its idempotency key replays it.
+        match self {
+            Answer::Command(tx, r) => drop(tx.send(*r)),
+            Answer::Renew(tx, r) => drop(tx.send(r)),
+        }
+    }
+
+    fn fail(self, why: &str) {
+        match self {
+            Answer::Command(tx, _) => drop(tx.send(Err(StoreError(why.to_string())))),
+            Answer::Renew(tx, _) => drop(tx.send(Err(StoreError(why.to_string())))),
+        }
+    }
+}
+
+/// Hot-path decisions (commands and lease renewals) of this process go through one committer
+/// that takes every decision queued while the previous transaction was being made durable into
+/// the next transaction: one fsync answers many decisions. Each decision is still checked inside
+/// the transaction that carries its effect (a savepoint of it, against the rows as the decisions
+/// before it left them) and answered only after that transaction committed with
+/// `synchronous=FULL`, so no caller ever hears of an effect that is not durable. If the commit
+/// fails, every decision of the group is answered with the error and none took effect.
+struct GroupCommit {
+    tx: mpsc::UnboundedSender<Job>,
+    /// Transactions the committer has committed.
+    commits: Arc<AtomicU64>,
+}
+
+impl GroupCommit {
+    fn start(writer: SqlitePool) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let commits = Arc::new(AtomicU64::new(0));
+        tokio::spawn(group_committer(writer, rx, commits.clone()));
+        Self { tx, commits }
+    }
+
+    async fn submit<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> StoreResult<T> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(job(reply))
+            .map_err(|_| StoreError("store closed".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError("store closed".into()))?
+    }
+}
+
+async fn group_committer(
+    writer: SqlitePool,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    commits: Arc<AtomicU64>,
+) {
+    let mut jobs = Vec::with_capacity(GROUP_MAX);
+    while rx.recv_many(&mut jobs, GROUP_MAX).await > 0 {
+        metrics::histogram!("hostlease_group_commit_size").record(jobs.len() as f64);
+        let mut answers = Vec::with_capacity(jobs.len());
+        let committed = run_group(&writer, std::mem::take(&mut jobs), &mut answers).await;
+        match committed {
+            Ok(()) => {
+                commits.fetch_add(1, Ordering::Relaxed);
+                answers.into_iter().for_each(Answer::send);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, decisions = answers.len(), "group commit failed");
+                answers
+                    .into_iter()
+                    .for_each(|a| a.fail("storage unavailable"));
+            }
+        }
+    }
+}
+
+/// Runs fixed SQL (savepoints) on `c`.
+async fn exec(c: &mut SqliteConnection, sql: &'static str) -> Result<(), sqlx::Error> {
+    sqlx::query(sql).execute(c).await.map(|_| ())
+}
+
+/// Runs `jobs` in one transaction, each in a savepoint that is kept only when the decision has
+/// an effect, and commits. `answers` gets one entry per job, in order, whatever happens.
+async fn run_group(
+    writer: &SqlitePool,
+    jobs: Vec<Job>,
+    answers: &mut Vec<Answer>,
+) -> StoreResult<()> {
+    let mut tx = match writer.begin_with("BEGIN IMMEDIATE").await {
+        Ok(tx) => tx,
+        Err(e) => {
+            answers.extend(jobs.into_iter().map(Job::not_run));
+            return Err(e.into());
+        }
+    };
+    let mut failed = None;
+    let mut jobs = jobs.into_iter();
+    for job in jobs.by_ref() {
+        if let Err(e) = exec(&mut tx, "SAVEPOINT decision").await {
+            answers.push(job.not_run());
+            failed = Some(e);
+            break;
+        }
+        let (answer, keep) = match job {
+            Job::Command { req, signer, reply } => {
+                match command_in_tx(&mut tx, &req, &signer).await {
+                    Ok((done, keep)) => (Answer::Command(reply, Box::new(Ok(done))), keep),
+                    Err(e) => (Answer::Command(reply, Box::new(Err(e))), false),
+                }
+            }
+            Job::Renew { renewal, reply } => match renew_in_tx(&mut tx, &renewal).await {
+                Ok(r) => {
+                    let keep = r.is_some();
+                    (Answer::Renew(reply, Ok(r)), keep)
+                }
+                Err(e) => (Answer::Renew(reply, Err(e)), false),
+            },
+        };
+        answers.push(answer);
+        let undo = if keep {
+            Ok(())
+        } else {
+            exec(&mut tx, "ROLLBACK TO decision").await
+        };
+        if let Err(e) = undo.and(exec(&mut tx, "RELEASE decision").await) {
+            failed = Some(e);
+            break;
+        }
+    }
+    if let Some(e) = failed {
+        answers.extend(jobs.map(Job::not_run));
+        let _ = tx.rollback().await;
+        return Err(e.into());
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` (`sqlite://path`) and applies migrations.
     pub async fn open(url: &str) -> StoreResult<Self> {
@@ -392,6 +756,7 @@ impl SqliteStore {
             .await?;
         Ok(Self {
             pool,
+            group: GroupCommit::start(writer.clone()),
             writer,
             keep_for_webhook: false,
         })
@@ -399,6 +764,12 @@ impl SqliteStore {
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// Transactions committed so far for commands and lease renewals (each carries a group of
+    /// them; see [`GroupCommit`]).
+    pub fn group_commits(&self) -> u64 {
+        self.group.commits.load(Ordering::Relaxed)
     }
 }
 
@@ -433,23 +804,16 @@ impl Store for SqliteStore {
         session: &SessionId,
         lease_ms: u64,
     ) -> StoreResult<Option<(u64, u64)>> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let q = format!(
-            "UPDATE rooms SET lease_expires = {NOW} + COALESCE(ttl_ms, ?) \
-             WHERE room = ? AND epoch = ? AND host = ? AND session = ? AND lease_expires > {NOW} \
-             RETURNING lease_expires, COALESCE(ttl_ms, ?)"
-        );
-        let r: Option<(i64, i64)> = sqlx::query_as(&q)
-            .bind(lease_ms as i64)
-            .bind(room.as_str())
-            .bind(epoch.0 as i64)
-            .bind(host.as_str())
-            .bind(session.as_str())
-            .bind(lease_ms as i64)
-            .fetch_optional(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(r.map(|(e, t)| (e as u64, t as u64)))
+        let renewal = Renewal {
+            room: room.clone(),
+            epoch,
+            host: host.clone(),
+            session: session.clone(),
+            lease_ms,
+        };
+        self.group
+            .submit(|reply| Job::Renew { renewal, reply })
+            .await
     }
 
     async fn close_hostless(&self, room: &RoomId, epoch: Epoch) -> StoreResult<bool> {
@@ -486,157 +850,13 @@ impl Store for SqliteStore {
     }
 
     async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let now = store_now(&mut tx).await?;
-        // A room that never had a host still takes participant commands.
-        sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
-            .bind(req.room.as_str())
-            .execute(&mut *tx)
-            .await?;
-        let row = read_room(&mut tx, &req.room).await?;
-        let current = row.as_ref().and_then(|r| r.current.clone());
-        let reject = |code: RejectCode| CommandDone {
-            outcome: Outcome::Rejected {
-                code,
-                current: current.clone(),
-                retry_after_ms: None,
-            },
-            assignment: None,
-            replayed: false,
-        };
-        let hash = request_hash(&req.action, &req.payload);
-        let c = &req.claims;
-        // Signature and kid were checked by the caller; everything else is checked here,
-        // against the row this transaction holds.
-        if c.room != req.room || c.sub != req.sender {
-            tx.rollback().await?;
-            return Ok(reject(RejectCode::BadCapability));
-        }
-        if let Some(s) = &req.sender_session {
-            if s != &c.sid {
-                tx.rollback().await?;
-                return Ok(reject(RejectCode::BadCapability));
-            }
-        }
-        // Idempotency: scoped to (room, sub), shared by both transports.
-        let prior: Option<(String, String)> = sqlx::query_as(
-            "SELECT request_hash, outcome FROM idempotency WHERE room = ? AND sub = ? AND key = ?",
-        )
-        .bind(req.room.as_str())
-        .bind(c.sub.as_str())
-        .bind(req.key.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        if let Some((h, outcome)) = prior {
-            tx.rollback().await?;
-            if h != hash {
-                return Ok(reject(RejectCode::IdempotencyConflict));
-            }
-            let outcome: Outcome =
-                serde_json::from_str(&outcome).map_err(|e| StoreError(e.to_string()))?;
-            return Ok(CommandDone {
-                outcome,
-                assignment: None,
-                replayed: true,
-            });
-        }
-        let Some(row) = row else {
-            tx.rollback().await?;
-            return Ok(reject(match req.kind {
-                ActionKind::Host => RejectCode::NotHost,
-                ActionKind::Participant => RejectCode::BadRequest,
-            }));
-        };
-        if c.exp <= now {
-            tx.rollback().await?;
-            return Ok(reject(RejectCode::BadCapability));
-        }
-        if !c.actions.contains(&req.action) {
-            tx.rollback().await?;
-            return Ok(reject(RejectCode::ActionNotGranted));
-        }
-        if row.closed {
-            tx.rollback().await?;
-            return Ok(reject(RejectCode::BadRequest));
-        }
-        if req.kind == ActionKind::Host {
-            if c.role != Role::Host {
-                tx.rollback().await?;
-                return Ok(reject(RejectCode::BadCapability));
-            }
-            if c.epoch != Some(row.epoch) || req.epoch.is_some_and(|e| e != row.epoch) {
-                tx.rollback().await?;
-                return Ok(reject(RejectCode::StaleEpoch));
-            }
-            if row.host.as_ref() != Some(&c.sub) || row.session.as_ref() != Some(&c.sid) {
-                tx.rollback().await?;
-                return Ok(reject(RejectCode::NotHost));
-            }
-            if now >= row.lease_expires {
-                tx.rollback().await?;
-                return Ok(reject(RejectCode::LeaseExpired));
-            }
-        }
-        // The effect: a room event on the room's seq, then (resign/transfer) the grant.
-        let seq = row.seq.next();
-        sqlx::query("UPDATE rooms SET seq = ? WHERE room = ? AND epoch = ?")
-            .bind(seq.0 as i64)
-            .bind(req.room.as_str())
-            .bind(row.epoch.0 as i64)
-            .execute(&mut *tx)
-            .await?;
-        let event = RoomEvent {
-            seq,
-            epoch: row.epoch,
-            actor: c.sub.clone(),
-            action: req.action.clone(),
-            payload: req.payload.clone(),
-            at: ServerTime(now),
-        };
-        let dedup = format!("{}:{}", req.room, seq.0);
-        append(&mut tx, &req.room, seq, &dedup, &Item::Event(event), now).await?;
-        let mut assignment = None;
-        if let Some(next) = &req.next_holder {
-            let reason = if req.action.as_str() == hostlease::protocol::ACTION_TRANSFER {
-                Reason::Transferred
-            } else {
-                Reason::Resigned
-            };
-            let g = GrantReq {
-                room: req.room.clone(),
-                expected_epoch: row.epoch,
-                holder: next.clone(),
-                lease_ms: req.lease_ms,
-                reason,
-                require_lapsed: false,
-                close: false,
-            };
-            match grant_in_tx(&mut tx, &g, signer).await? {
-                GrantOutcome::Won { assignment: a, .. } => assignment = Some(a),
-                GrantOutcome::Lost(_) => {
-                    tx.rollback().await?;
-                    return Ok(reject(RejectCode::StaleEpoch));
-                }
-            }
-        }
-        let outcome = Outcome::Accepted { seq };
-        sqlx::query(
-            "INSERT INTO idempotency (room, sub, key, request_hash, outcome, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(req.room.as_str())
-        .bind(c.sub.as_str())
-        .bind(req.key.as_str())
-        .bind(&hash)
-        .bind(serde_json::to_string(&outcome).map_err(|e| StoreError(e.to_string()))?)
-        .bind(now as i64)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(CommandDone {
-            outcome,
-            assignment,
-            replayed: false,
-        })
+        self.group
+            .submit(|reply| Job::Command {
+                req: Box::new(req),
+                signer: signer.clone(),
+                reply,
+            })
+            .await
     }
 
     async fn log_range(

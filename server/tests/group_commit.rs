@@ -1,0 +1,154 @@
+//! Group commit: commands and lease renewals queued together commit in one transaction, each
+//! checked against the rows as the decisions before it left them; rejected ones change nothing.
+
+use futures_util::future::join_all;
+use hostlease::protocol::{
+    Action, ActionKind, Epoch, IdempotencyKey, Item, Outcome, ParticipantId, Reason, RejectCode,
+    Role, RoomId, Seq, SessionId,
+};
+use hostlease_server::store::{CommandReq, GrantOutcome, GrantReq, SqliteStore, Store};
+use hostlease_server::tokens::{CapClaims, Keypair};
+use serde_json::json;
+
+const LEASE: u64 = 60_000;
+
+enum Req {
+    Command(Box<CommandReq>),
+    Renew(SessionId),
+}
+
+enum Got {
+    Command(Outcome),
+    Renew(Option<(u64, u64)>),
+}
+
+#[tokio::test] // one thread: every request below is queued before the committer runs
+async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&format!("sqlite://{}", dir.path().join("g.db").display()))
+        .await
+        .unwrap();
+    let keys = Keypair::generate("k1");
+    let room = RoomId::new("group").unwrap();
+    let host = ParticipantId::new("alice").unwrap();
+    let sid = SessionId::new("s-alice").unwrap();
+    let grant = GrantReq {
+        room: room.clone(),
+        expected_epoch: Epoch(0),
+        holder: Some((host.clone(), sid.clone())),
+        lease_ms: LEASE,
+        reason: Reason::Elected,
+        require_lapsed: false,
+        close: false,
+    };
+    assert!(matches!(
+        store.grant(grant, &keys).await.unwrap(),
+        GrantOutcome::Won { .. }
+    ));
+    let now = store.now_ms().await.unwrap();
+    let action = Action::new("poll.open").unwrap();
+    let claims = CapClaims {
+        room: room.clone(),
+        sub: host.clone(),
+        sid: sid.clone(),
+        role: Role::Host,
+        epoch: Some(Epoch(1)),
+        actions: vec![action.clone()],
+        exp: now + LEASE,
+        kid: keys.kid.clone(),
+    };
+    let cmd = |key: &str, n: u64, claims: &CapClaims| {
+        Req::Command(Box::new(CommandReq {
+            room: room.clone(),
+            sender: host.clone(),
+            sender_session: Some(sid.clone()),
+            claims: claims.clone(),
+            kind: ActionKind::Host,
+            action: action.clone(),
+            payload: json!({ "n": n }),
+            epoch: Some(Epoch(1)),
+            key: IdempotencyKey::new(key).unwrap(),
+            next_holder: None,
+            lease_ms: LEASE,
+        }))
+    };
+    let stale = CapClaims {
+        epoch: Some(Epoch(0)),
+        ..claims.clone()
+    };
+    let mut reqs: Vec<Req> = (0..20).map(|i| cmd(&format!("k{i}"), i, &claims)).collect();
+    reqs.push(cmd("stale", 100, &stale));
+    reqs.push(cmd("k3", 999, &claims)); // same key, other payload
+    reqs.push(cmd("k4", 4, &claims)); // a retry
+    reqs.push(Req::Renew(sid.clone()));
+    reqs.push(Req::Renew(SessionId::new("s-other-tab").unwrap()));
+    reqs.extend((20..25).map(|i| cmd(&format!("k{i}"), i, &claims)));
+    let n_reqs = reqs.len();
+
+    let before = store.group_commits();
+    let got = join_all(reqs.into_iter().map(|r| {
+        let (store, keys, room, host) = (&store, &keys, &room, &host);
+        async move {
+            match r {
+                Req::Command(c) => Got::Command(store.command(*c, keys).await.unwrap().outcome),
+                Req::Renew(s) => {
+                    Got::Renew(store.renew(room, Epoch(1), host, &s, LEASE).await.unwrap())
+                }
+            }
+        }
+    }))
+    .await;
+    assert_eq!(
+        store.group_commits() - before,
+        1,
+        "{n_reqs} queued decisions, one transaction"
+    );
+
+    // The accepted commands took seq 2.. (the grant has seq 1) in the order they were queued.
+    let seq_of = |g: &Got| match g {
+        Got::Command(Outcome::Accepted { seq }) => seq.0,
+        _ => panic!("not accepted"),
+    };
+    for (i, g) in got[..20].iter().enumerate() {
+        assert_eq!(seq_of(g), 2 + i as u64);
+    }
+    let code = |g: &Got| match g {
+        Got::Command(Outcome::Rejected { code, .. }) => *code,
+        _ => panic!("not rejected"),
+    };
+    assert_eq!(code(&got[20]), RejectCode::StaleEpoch);
+    assert_eq!(code(&got[21]), RejectCode::IdempotencyConflict);
+    assert_eq!(seq_of(&got[22]), 6, "the retry of k4 replays its outcome");
+    assert!(matches!(got[23], Got::Renew(Some(_))));
+    assert!(matches!(got[24], Got::Renew(None)));
+    for (i, g) in got[25..].iter().enumerate() {
+        assert_eq!(seq_of(g), 22 + i as u64);
+    }
+
+    // The room and its log hold exactly the 25 accepted events, in order; nothing else.
+    let row = store.room(&room).await.unwrap().unwrap();
+    assert_eq!((row.epoch, row.seq), (Epoch(1), Seq(26)));
+    let (items, _) = store.log_range(&room, Seq(1), Seq(100), 100).await.unwrap();
+    let ns: Vec<u64> = items
+        .iter()
+        .map(|it| match it {
+            Item::Event(e) => e.payload["n"].as_u64().unwrap(),
+            Item::Assignment(_) => panic!("no grant in between"),
+        })
+        .collect();
+    assert_eq!(ns, (0..25).collect::<Vec<_>>());
+
+    // A decision queued alone still commits (and is answered) by itself.
+    let alone = store.command(
+        match cmd("k-alone", 7, &claims) {
+            Req::Command(c) => *c,
+            Req::Renew(_) => unreachable!(),
+        },
+        &keys,
+    );
+    assert!(matches!(
+        alone.await.unwrap().outcome,
+        Outcome::Accepted { seq: Seq(27) }
+    ));
+    assert_eq!(store.group_commits() - before, 2);
+}
