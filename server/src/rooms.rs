@@ -236,7 +236,11 @@ impl App {
         match self.store.grant(req.clone(), &self.keys).await? {
             GrantOutcome::Won { assignment, .. } => {
                 self.committed.notify_one();
-                log_reassign(old, &assignment.assignment, correlation);
+                log_reassign(
+                    old.and_then(|r| r.host.as_ref()),
+                    &assignment.assignment,
+                    correlation,
+                );
                 Ok(Some(assignment))
             }
             GrantOutcome::Lost(_) => {
@@ -352,10 +356,8 @@ impl App {
 }
 
 /// The one structured log line per reassignment.
-pub fn log_reassign(old: Option<&RoomRow>, new: &Assignment, correlation: &str) {
-    let old_host = old
-        .and_then(|r| r.host.as_ref())
-        .map_or_else(|| "-".to_string(), |h| h.to_string());
+pub fn log_reassign(old_host: Option<&ParticipantId>, new: &Assignment, correlation: &str) {
+    let old_host = old_host.map_or_else(|| "-".to_string(), |h| h.to_string());
     let new_host = new
         .host
         .as_ref()

@@ -5,6 +5,8 @@
 //! at the same time share one transaction (group commit, each in its own savepoint). Time-based
 //! decisions use the store's clock inside the SQL ([`NOW`]), never the caller's.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,6 +37,9 @@ pub const IDEMPOTENCY_RETENTION_MS: i64 = 48 * 3600 * 1000;
 pub const WEBHOOK_MAX_ATTEMPTS: i64 = 12;
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A decision already queued with the store, resolving to its answer.
+pub type Pending<T> = Pin<Box<dyn Future<Output = StoreResult<T>> + Send + 'static>>;
 
 #[derive(Debug)]
 pub struct StoreError(pub String);
@@ -163,7 +168,9 @@ pub trait Store: Send + Sync + 'static {
     async fn close_hostless(&self, room: &RoomId, epoch: Epoch) -> StoreResult<bool>;
     /// Sets (or clears) the room's TTL override; applies from the next grant or renewal.
     async fn set_ttl(&self, room: &RoomId, ttl_ms: Option<u64>) -> StoreResult<()>;
-    async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone>;
+    /// Queues a command when called (commands queued one after another are decided in that
+    /// order) and resolves once it is decided and, if it took effect, durable.
+    fn command(&self, req: CommandReq, signer: &Keypair) -> Pending<CommandDone>;
     /// Items with `after < seq <= upto`, oldest first, at most `limit` of the newest; and the
     /// lowest retained seq of the room.
     async fn log_range(
@@ -632,14 +639,18 @@ impl GroupCommit {
         Self { tx, commits }
     }
 
-    async fn submit<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> StoreResult<T> {
+    /// Queues the job now; the returned future resolves to its answer.
+    fn submit<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(Reply<T>) -> Job,
+    ) -> impl Future<Output = StoreResult<T>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(job(reply))
-            .map_err(|_| StoreError("store closed".into()))?;
-        answer
-            .await
-            .map_err(|_| StoreError("store closed".into()))?
+        let queued = self.tx.send(job(reply));
+        async move {
+            let closed = || StoreError("store closed".into());
+            queued.map_err(|_| closed())?;
+            answer.await.map_err(|_| closed())?
+        }
     }
 }
 
@@ -849,14 +860,12 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn command(&self, req: CommandReq, signer: &Keypair) -> StoreResult<CommandDone> {
-        self.group
-            .submit(|reply| Job::Command {
-                req: Box::new(req),
-                signer: signer.clone(),
-                reply,
-            })
-            .await
+    fn command(&self, req: CommandReq, signer: &Keypair) -> Pending<CommandDone> {
+        Box::pin(self.group.submit(|reply| Job::Command {
+            req: Box::new(req),
+            signer: signer.clone(),
+            reply,
+        }))
     }
 
     async fn log_range(

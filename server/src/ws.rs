@@ -4,11 +4,14 @@
 //! capability → the room stream. A host session is probed every `ttl/3`; each echo renews the
 //! lease in the store and is answered by `lease_confirm` and a fresh host capability.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::stream::FuturesOrdered;
 use futures_util::{SinkExt, StreamExt};
 use hostlease::core::elect;
 use hostlease::protocol::{
@@ -22,8 +25,15 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
 use crate::rooms::{correlation_id, App, Bcast, Direct, Room};
-use crate::store::CommandReq;
+use crate::store::{CommandDone, CommandReq, Pending};
 use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
+
+/// A connection's commands being decided at once at most; past it, the connection's next frame
+/// waits (TCP backpressure on the client).
+const MAX_IN_FLIGHT: usize = 64;
+
+/// A connection's commands in flight, each resolving to its `command_result`.
+type Commands = FuturesOrdered<Pin<Box<dyn Future<Output = ServerMsg> + Send>>>;
 
 /// Broadcast frames written per flush at most.
 const BROADCAST_BATCH: usize = 64;
@@ -332,10 +342,16 @@ impl Conn {
             });
         }
         let mut shutdown = self.app.shutdown.subscribe();
+        // Commands queued with the store, answered in the order they came: the next frame is
+        // read while earlier commands are still being committed (up to `MAX_IN_FLIGHT`).
+        let mut commands: Commands = FuturesOrdered::new();
         loop {
             let probe_at = self.next_probe;
             let flow = tokio::select! {
-                m = stream.next() => self.on_client(m).await,
+                m = stream.next(), if commands.len() < MAX_IN_FLIGHT => self.on_client(m, &mut commands).await,
+                Some(answer) = commands.next() => {
+                    if self.send(&answer).await { Flow::Continue } else { Flow::End(false) }
+                }
                 b = rx.recv() => match b {
                     Ok(b) => self.on_broadcasts(b, &mut rx).await,
                     // A slow client: it sees a seq gap on the next item and resumes.
@@ -607,7 +623,11 @@ impl Conn {
         Flow::Continue
     }
 
-    async fn on_client(&mut self, m: Option<Result<Message, axum::Error>>) -> Flow {
+    async fn on_client(
+        &mut self,
+        m: Option<Result<Message, axum::Error>>,
+        commands: &mut Commands,
+    ) -> Flow {
         let text = match m {
             Some(Ok(Message::Text(t))) => t,
             Some(Ok(Message::Close(_))) => return Flow::End(true),
@@ -667,6 +687,12 @@ impl Conn {
             }
             ClientMsg::LeaseEcho { nonce } => self.on_echo(nonce).await,
             ClientMsg::Leave => {
+                // Commands sent before the leave are answered first.
+                while let Some(answer) = commands.next().await {
+                    if !self.send(&answer).await {
+                        break;
+                    }
+                }
                 let _ = self.sink.send(Message::Close(None)).await;
                 Flow::End(true)
             }
@@ -686,13 +712,14 @@ impl Conn {
                     action,
                     payload,
                     epoch,
-                )
-                .await;
-                if self.send(&ServerMsg::CommandResult { id, outcome }).await {
-                    Flow::Continue
-                } else {
-                    Flow::End(false)
-                }
+                );
+                commands.push_back(Box::pin(async move {
+                    ServerMsg::CommandResult {
+                        id,
+                        outcome: outcome.await,
+                    }
+                }));
+                Flow::Continue
             }
             ClientMsg::Signal {
                 to,
@@ -717,10 +744,12 @@ impl Conn {
 }
 
 /// One command, from either transport: verify the capability's signature, choose the next
-/// holder for resign/transfer from the local membership, and let the store check the rest and
-/// apply the effect in one transaction.
+/// holder for resign/transfer from the local membership, and queue it with the store, which
+/// checks the rest and applies the effect in one transaction. The command is queued when this is
+/// called, so a connection's commands are decided in the order they arrived; the returned future
+/// resolves to the outcome.
 #[allow(clippy::too_many_arguments)]
-pub async fn command(
+pub fn command(
     app: &Arc<App>,
     room: &Arc<Room>,
     sender: Option<(&ParticipantId, &SessionId)>,
@@ -729,27 +758,78 @@ pub async fn command(
     action: Action,
     payload: Value,
     epoch: Option<Epoch>,
-) -> Outcome {
-    let current = || Some(room.state.lock().expect("room lock").current.clone());
-    let reject = |code: RejectCode| {
-        metrics::counter!("hostlease_commands_total", "result" => code.as_str()).increment(1);
-        Outcome::Rejected {
-            code,
-            current: current(),
-            retry_after_ms: None,
+) -> impl Future<Output = Outcome> + Send + 'static {
+    let queued = queue_command(app, room, sender, capability, key, action, payload, epoch);
+    let (app, room) = (app.clone(), room.clone());
+    async move {
+        let (pending, old_host) = match queued {
+            Ok(q) => q,
+            Err(code) => return reject(&room, code),
+        };
+        match pending.await {
+            Ok(done) => {
+                if !done.replayed {
+                    app.committed.notify_one();
+                }
+                if let Some(a) = &done.assignment {
+                    crate::rooms::log_reassign(old_host.as_ref(), &a.assignment, &correlation_id());
+                }
+                let result = match &done.outcome {
+                    Outcome::Accepted { .. } => "accepted",
+                    Outcome::Rejected { code, .. } => code.as_str(),
+                };
+                metrics::counter!("hostlease_commands_total", "result" => result).increment(1);
+                done.outcome
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "command failed in store");
+                Outcome::Rejected {
+                    code: RejectCode::Unavailable,
+                    current: current(&room),
+                    retry_after_ms: Some(500),
+                }
+            }
         }
-    };
-    let claims: CapClaims = match app.cap_keys.verify(CAP_PREFIX, capability.expose()) {
-        Ok(c) => c,
-        Err(_) => return reject(RejectCode::BadCapability),
-    };
+    }
+}
+
+fn current(room: &Room) -> Option<hostlease::protocol::SignedAssignment> {
+    Some(room.state.lock().expect("room lock").current.clone())
+}
+
+fn reject(room: &Room, code: RejectCode) -> Outcome {
+    metrics::counter!("hostlease_commands_total", "result" => code.as_str()).increment(1);
+    Outcome::Rejected {
+        code,
+        current: current(room),
+        retry_after_ms: None,
+    }
+}
+
+/// The checks that need no store, then the command queued with the store. Returns the pending
+/// decision and, for resign/transfer, the host it replaces (the sender, if it is accepted).
+#[allow(clippy::too_many_arguments)]
+fn queue_command(
+    app: &Arc<App>,
+    room: &Arc<Room>,
+    sender: Option<(&ParticipantId, &SessionId)>,
+    capability: &Token,
+    key: IdempotencyKey,
+    action: Action,
+    payload: Value,
+    epoch: Option<Epoch>,
+) -> Result<(Pending<CommandDone>, Option<ParticipantId>), RejectCode> {
+    let claims: CapClaims = app
+        .cap_keys
+        .verify(CAP_PREFIX, capability.expose())
+        .map_err(|_| RejectCode::BadCapability)?;
     let kind = if action.as_str() == ACTION_RESIGN || action.as_str() == ACTION_TRANSFER {
         ActionKind::Host
     } else {
-        match app.cfg.actions.kind(&action) {
-            Some(k) => k,
-            None => return reject(RejectCode::ActionNotGranted),
-        }
+        app.cfg
+            .actions
+            .kind(&action)
+            .ok_or(RejectCode::ActionNotGranted)?
     };
     let next_holder = if action.as_str() == ACTION_RESIGN {
         let members = room.members();
@@ -761,19 +841,16 @@ pub async fn command(
         let to = payload
             .get("to")
             .and_then(Value::as_str)
-            .and_then(|s| ParticipantId::new(s).ok());
-        let Some(to) = to else {
-            return reject(RejectCode::BadRequest);
-        };
+            .and_then(|s| ParticipantId::new(s).ok())
+            .ok_or(RejectCode::BadRequest)?;
         let members = room.members();
-        match elect(
+        let m = elect(
             members
                 .iter()
                 .filter(|m| m.id == to && m.session != claims.sid),
-        ) {
-            Some(m) => Some(Some((m.id.clone(), m.session.clone()))),
-            None => return reject(RejectCode::BadRequest),
-        }
+        )
+        .ok_or(RejectCode::BadRequest)?;
+        Some(Some((m.id.clone(), m.session.clone())))
     } else {
         None
     };
@@ -781,11 +858,7 @@ pub async fn command(
         Some((p, s)) => (p.clone(), Some(s.clone())),
         None => (claims.sub.clone(), None),
     };
-    let old = if next_holder.is_some() {
-        app.store.room(&room.id).await.ok().flatten()
-    } else {
-        None
-    };
+    let old_host = next_holder.as_ref().map(|_| claims.sub.clone());
     let req = CommandReq {
         room: room.id.clone(),
         sender: sender_id,
@@ -799,28 +872,5 @@ pub async fn command(
         next_holder,
         lease_ms: app.cfg.lease_ms,
     };
-    match app.store.command(req, &app.keys).await {
-        Ok(done) => {
-            if !done.replayed {
-                app.committed.notify_one();
-            }
-            if let Some(a) = &done.assignment {
-                crate::rooms::log_reassign(old.as_ref(), &a.assignment, &correlation_id());
-            }
-            let result = match &done.outcome {
-                Outcome::Accepted { .. } => "accepted",
-                Outcome::Rejected { code, .. } => code.as_str(),
-            };
-            metrics::counter!("hostlease_commands_total", "result" => result).increment(1);
-            done.outcome
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "command failed in store");
-            Outcome::Rejected {
-                code: RejectCode::Unavailable,
-                current: current(),
-                retry_after_ms: Some(500),
-            }
-        }
-    }
+    Ok((app.store.command(req, &app.keys), old_host))
 }

@@ -458,3 +458,76 @@ async fn idempotent_retries_across_ws_and_http() {
     let o = cmd(&mut b, "k2", "vote", None, &p).await;
     assert_eq!(o, Outcome::Accepted { seq: seq.next() });
 }
+
+#[tokio::test]
+async fn a_burst_of_commands_on_one_socket_is_answered_in_order() {
+    let srv = start(test_config()).await;
+    let mut a = Raw::join(
+        srv.addr,
+        "burst",
+        &join_token(&srv.app_key, "burst", "alice", true),
+        None,
+    )
+    .await;
+    let g = wait_host(&mut a).await;
+    // Sent back to back without waiting: the server reads on while earlier ones commit. One in
+    // the middle carries a stale epoch and one reuses a key with another payload.
+    const N: usize = 40;
+    for i in 0..N {
+        let (id, epoch, n) = match i {
+            13 => (
+                "c13".to_string(),
+                Some(Epoch(g.epoch.0 + 1)),
+                "c13".to_string(),
+            ),
+            27 => ("c5".to_string(), Some(g.epoch), "other".to_string()),
+            _ => (format!("c{i}"), Some(g.epoch), format!("c{i}")),
+        };
+        a.send(&ClientMsg::Command {
+            id: key(&id),
+            action: Action::new("poll.open").unwrap(),
+            payload: serde_json::json!({ "n": n }),
+            epoch,
+            capability: g.host.clone(),
+        })
+        .await;
+    }
+    let mut answers = Vec::new();
+    while answers.len() < N {
+        let m = a
+            .until(|m| match m {
+                ServerMsg::CommandResult { id, outcome } => Some((id.clone(), outcome.clone())),
+                _ => None,
+            })
+            .await;
+        answers.push(m);
+    }
+    let mut last_seq = 0;
+    for (i, (id, outcome)) in answers.iter().enumerate() {
+        match i {
+            13 => assert_eq!(rejected(outcome).0, RejectCode::StaleEpoch),
+            27 => {
+                assert_eq!(id, &key("c5"));
+                assert_eq!(rejected(outcome).0, RejectCode::IdempotencyConflict);
+            }
+            _ => {
+                assert_eq!(id, &key(&format!("c{i}")), "answers come in the order sent");
+                let Outcome::Accepted { seq } = outcome else {
+                    panic!("{i}: {outcome:?}")
+                };
+                if last_seq > 0 {
+                    assert_eq!(seq.0, last_seq + 1, "{i}: decided in the order sent");
+                }
+                last_seq = seq.0;
+            }
+        }
+    }
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("burst").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.seq.0, last_seq, "the rejected ones changed nothing");
+}
