@@ -397,3 +397,202 @@ proptest! {
         }
     }
 }
+
+/// The keys of a flat JSON object, in every rotation and reversed: enough orders to put any key
+/// (the tag in particular) first, last and in between.
+fn key_orders(text: &str) -> Vec<String> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_str(text) else {
+        panic!("not an object: {text}")
+    };
+    let entries: Vec<String> = map.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
+    let mut orders = Vec::new();
+    for r in 0..entries.len() {
+        let mut e = entries.clone();
+        e.rotate_left(r);
+        orders.push(format!("{{{}}}", e.join(",")));
+        e.reverse();
+        orders.push(format!("{{{}}}", e.join(",")));
+    }
+    orders
+}
+
+#[test]
+fn frames_decode_with_their_keys_in_any_order() {
+    for m in server_messages() {
+        let text = encode_server(&m);
+        for order in key_orders(&text) {
+            assert_eq!(decode_server(&order).unwrap(), m, "{order}");
+        }
+    }
+    for m in client_messages() {
+        let text = encode_client(&m);
+        for order in key_orders(&text) {
+            assert_eq!(decode_client(&order).unwrap(), m, "{order}");
+        }
+    }
+}
+
+#[test]
+fn tagged_bodies_decode_with_the_tag_anywhere() {
+    let items = [
+        Item::Assignment(assignment(2, 5, Some("b")).into()),
+        Item::Event(event(6, 2, "b")),
+    ];
+    for item in items {
+        let text = serde_json::to_string(&item).unwrap();
+        assert!(text.starts_with("{\"kind\":"), "{text}");
+        for order in key_orders(&text) {
+            assert_eq!(decode_body::<Item>(&order, MAX_SERVER_FRAME).unwrap(), item);
+        }
+    }
+    let outcomes = [
+        Outcome::Accepted { seq: Seq(3) },
+        Outcome::Rejected {
+            code: RejectCode::StaleEpoch,
+            current: Some(assignment(3, 7, Some("a")).into()),
+            retry_after_ms: Some(10),
+        },
+    ];
+    for outcome in outcomes {
+        let text = serde_json::to_string(&outcome).unwrap();
+        for order in key_orders(&text) {
+            assert_eq!(
+                decode_body::<Outcome>(&order, MAX_CLIENT_FRAME).unwrap(),
+                outcome
+            );
+        }
+    }
+    // Tag in the middle of a welcome's replayed item, inside a frame.
+    let text = r#"{"v":1,"t":"welcome","you":"a","session":"a-s","missed":[{"seq":2,"epoch":1,
+        "kind":"event","actor":"b","action":"vote","at":5}],"snapshot":{"room":"room-1","current":
+        {"room":"room-1","host":null,"session":null,"epoch":1,"seq":1,"lease_ms":1,
+        "reason":"elected","issued_at":0},"members":[],"seq":1,"server_time":0}}"#;
+    match decode_server(text).unwrap() {
+        ServerMsg::Welcome { missed, .. } => {
+            assert!(matches!(&missed[..], [Item::Event(e)] if e.seq == Seq(2)))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn tags_missing_unknown_or_twice_are_malformed() {
+    let malformed = |r: Result<Item, DecodeError>| matches!(r, Err(DecodeError::Malformed { .. }));
+    let item = |s: &str| decode_body::<Item>(s, MAX_SERVER_FRAME);
+    let event = r#""seq":8,"epoch":3,"actor":"b","action":"vote","at":18"#;
+    assert!(item(&format!("{{{event}}}")).is_err(), "missing tag");
+    assert!(malformed(item(&format!(r#"{{"kind":"nope",{event}}}"#))));
+    assert!(malformed(item(&format!(r#"{{"kind":0,{event}}}"#))));
+    assert!(malformed(item(&format!(r#"{{"kind":null,{event}}}"#))));
+    for twice in [
+        format!(r#"{{"kind":"event","kind":"event",{event}}}"#),
+        format!(r#"{{"kind":"event",{event},"kind":"event"}}"#),
+        format!(r#"{{{event},"kind":"event","k\u0069nd":"event"}}"#),
+    ] {
+        assert!(malformed(item(&twice)), "{twice}");
+    }
+    // A duplicate field of the variant, before or after the tag.
+    for dup in [
+        format!(r#"{{"seq":1,"kind":"event",{event}}}"#),
+        format!(r#"{{"kind":"event",{event},"seq":1}}"#),
+    ] {
+        assert!(malformed(item(&dup)), "{dup}");
+    }
+    // An escaped tag key is the tag.
+    assert!(item(&format!(r#"{{{event},"\u006bind":"event"}}"#)).is_ok());
+    for bad in ["{}", "null", "[]", r#"["event",8,3,"b","vote",null,18]"#] {
+        assert!(malformed(item(bad)), "{bad}");
+    }
+    // Frames: a command result's outcome tag the same way.
+    let result = |o: &str| format!(r#"{{"v":1,"t":"command_result","id":"k",{o}"seq":1}}"#);
+    assert!(decode_server(&result(r#""outcome":"accepted","#)).is_ok());
+    for bad in [
+        "",
+        r#""outcome":"maybe","#,
+        r#""outcome":1,"#,
+        r#""outcome":"accepted","outcome":"accepted","#,
+    ] {
+        assert!(
+            matches!(
+                decode_server(&result(bad)),
+                Err(DecodeError::Malformed { .. })
+            ),
+            "{bad}"
+        );
+    }
+    // A frame's `t` twice, or not a string.
+    for bad in [
+        r#"{"v":1,"t":"leave","t":"leave"}"#,
+        r#"{"v":1,"t":5}"#,
+        r#"[1,"leave"]"#,
+    ] {
+        assert!(
+            matches!(decode_client(bad), Err(DecodeError::Malformed { .. })),
+            "{bad}"
+        );
+    }
+    assert_eq!(decode_client(r#"{"v":1}"#), Err(DecodeError::UnknownType));
+}
+
+#[test]
+fn fields_of_another_variant_are_ignored_whatever_their_type() {
+    // Unknown fields are ignored, and to an event, an assignment's fields are unknown fields
+    // (before the tag or after it), and the other way round.
+    let event = r#""seq":8,"epoch":3,"actor":"b","action":"vote","at":18"#;
+    for text in [
+        format!(r#"{{"room":5,"reason":[],"kind":"event",{event},"sig":{{}}}}"#),
+        format!(r#"{{"kind":"event","host":"not an id!",{event}}}"#),
+    ] {
+        let item = decode_body::<Item>(&text, MAX_SERVER_FRAME).unwrap();
+        assert_eq!(item.seq(), Seq(8), "{text}");
+    }
+    let text = r#"{"actor":5,"payload":"x","room":"r","host":null,"session":null,"epoch":1,
+        "seq":1,"lease_ms":1,"reason":"elected","issued_at":0,"kind":"assignment","at":"x"}"#;
+    assert!(matches!(
+        decode_body::<Item>(text, MAX_SERVER_FRAME).unwrap(),
+        Item::Assignment(_)
+    ));
+    let text = r#"{"seq":"x","outcome":"rejected","code":"not_host","future":1}"#;
+    assert!(matches!(
+        decode_body::<Outcome>(text, MAX_CLIENT_FRAME).unwrap(),
+        Outcome::Rejected { .. }
+    ));
+    let text = r#"{"v":1,"t":"command_result","code":5,"id":"k","outcome":"accepted","seq":1}"#;
+    assert!(decode_server(text).is_ok());
+    // The same field of the right variant with a wrong type is still malformed.
+    let text = r#"{"v":1,"t":"command_result","id":"k","outcome":"accepted","seq":"x"}"#;
+    assert!(matches!(
+        decode_server(text),
+        Err(DecodeError::Malformed { .. })
+    ));
+}
+
+#[test]
+fn signed_assignments_read_their_flattened_fields() {
+    let a = assignment(3, 7, Some("a"));
+    let signed = SignedAssignment {
+        assignment: a.clone(),
+        kid: Some(KeyId::new("k1").unwrap()),
+        sig: Some("c2ln".into()),
+    };
+    let text = serde_json::to_string(&signed).unwrap();
+    for order in key_orders(&text) {
+        assert_eq!(
+            decode_body::<SignedAssignment>(&order, MAX_CLIENT_FRAME).unwrap(),
+            signed
+        );
+    }
+    // kid and sig may be absent; the assignment's fields may not.
+    let unsigned = serde_json::to_string(&a).unwrap();
+    assert_eq!(
+        decode_body::<SignedAssignment>(&unsigned, MAX_CLIENT_FRAME).unwrap(),
+        SignedAssignment::from(a)
+    );
+    let no_room = unsigned.replace("\"room\":\"room-1\",", "");
+    assert!(decode_body::<SignedAssignment>(&no_room, MAX_CLIENT_FRAME).is_err());
+    let twice = unsigned.replace(
+        "\"room\":\"room-1\",",
+        "\"room\":\"room-1\",\"room\":\"x\",",
+    );
+    assert!(decode_body::<SignedAssignment>(&twice, MAX_CLIENT_FRAME).is_err());
+}

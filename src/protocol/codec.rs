@@ -98,32 +98,13 @@ struct Head<'a> {
     t: Option<std::borrow::Cow<'a, str>>,
 }
 
-const SERVER_TYPES: &[&str] = &[
-    "welcome",
-    "assignment",
-    "event",
-    "lease_probe",
-    "lease_confirm",
-    "capability",
-    "presence",
-    "command_result",
-    "discontinuity",
-    "signal",
-    "error",
-];
-const CLIENT_TYPES: &[&str] = &[
-    "hello",
-    "resume",
-    "lease_echo",
-    "leave",
-    "command",
-    "signal",
-];
-
-fn decode_frame<T: DeserializeOwned>(
+/// Checks the size, then reads `v` and `t` in a first pass, so that an unknown major version is
+/// reported as such rather than as whatever shape error its new fields would cause, then has
+/// `read` decode the frame of type `t` from the text (`Ok(None)`: not a type of this direction).
+fn decode_frame<T>(
     text: &str,
     max: usize,
-    known: &[&str],
+    read: impl FnOnce(&str, &str) -> Result<Option<T>, serde_json::Error>,
 ) -> Result<T, DecodeError> {
     if text.len() > max {
         return Err(DecodeError::TooLarge {
@@ -131,8 +112,6 @@ fn decode_frame<T: DeserializeOwned>(
             max,
         });
     }
-    // First pass: version and type only, so an unknown major version is reported as such rather
-    // than as whatever shape error its new fields would cause.
     let head: Head<'_> = serde_json::from_str(text).map_err(malformed)?;
     match head.v {
         None => return Err(DecodeError::MissingVersion),
@@ -141,23 +120,22 @@ fn decode_frame<T: DeserializeOwned>(
         }
         Some(_) => {}
     }
-    match head.t {
-        Some(t) if known.contains(&t.as_ref()) => {}
-        _ => return Err(DecodeError::UnknownType),
-    }
-    serde_json::from_str(text).map_err(malformed)
+    let t = head.t.ok_or(DecodeError::UnknownType)?;
+    read(text, &t)
+        .map_err(malformed)?
+        .ok_or(DecodeError::UnknownType)
 }
 
 /// Decodes one server → client text frame.
 pub fn decode_server(text: &str) -> Result<ServerMsg, DecodeError> {
-    let msg: ServerMsg = decode_frame(text, MAX_SERVER_FRAME, SERVER_TYPES)?;
+    let msg = decode_frame(text, MAX_SERVER_FRAME, super::de::server_msg)?;
     validate_server(&msg)?;
     Ok(msg)
 }
 
 /// Decodes one client → server text frame.
 pub fn decode_client(text: &str) -> Result<ClientMsg, DecodeError> {
-    let msg: ClientMsg = decode_frame(text, MAX_CLIENT_FRAME, CLIENT_TYPES)?;
+    let msg = decode_frame(text, MAX_CLIENT_FRAME, super::de::client_msg)?;
     validate_client(&msg)?;
     Ok(msg)
 }

@@ -3,8 +3,14 @@
 //! Frames are JSON objects `{"v": 1, "t": "<type>", ...fields}`. Unknown fields are ignored, so a
 //! newer server can add fields without breaking older SDKs; an unknown major version is refused
 //! (see [`super::codec`]).
+//!
+//! The tagged enums and the flattened [`SignedAssignment`] derive only `Serialize`; they are
+//! read by the hand-written impls in `super::de`, which serde's buffering `Content` never enters
+//! (see there why). Frames ([`ServerMsg`], [`ClientMsg`]) have no `Deserialize` impl at all: they
+//! are decoded from text by [`super::codec::decode_server`] and
+//! [`super::codec::decode_client`], which also check the version and the limits.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use super::ids::{
@@ -87,16 +93,22 @@ impl Assignment {
 /// over WebRTC and each can verify it against the server's published key.
 ///
 /// The signed bytes are [`super::codec::signing_bytes`] of `assignment`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SignedAssignment {
     #[serde(flatten)]
     pub assignment: Assignment,
-    /// Key id of the signing key; `None` only from a server that does not sign.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Key id of the signing key; `None` only from a server that does not sign (may be absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub kid: Option<KeyId>,
-    /// base64url (no padding) Ed25519 signature.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// base64url (no padding) Ed25519 signature (may be absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sig: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for SignedAssignment {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        super::de::SignedAssignmentFields::deserialize(d).map(Into::into)
+    }
 }
 
 impl From<Assignment> for SignedAssignment {
@@ -188,11 +200,17 @@ pub struct RoomEvent {
 }
 
 /// One entry of the room's single ordered stream.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Item {
     Assignment(SignedAssignment),
     Event(RoomEvent),
+}
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(super::de::TaggedVisitor::new())
+    }
 }
 
 impl Item {
@@ -269,7 +287,7 @@ impl RejectCode {
 }
 
 /// The result of a command, over the socket or as the HTTP response body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     /// The command took effect as the room event with this `seq`.
@@ -277,12 +295,19 @@ pub enum Outcome {
     /// No state changed.
     Rejected {
         code: RejectCode,
-        /// The room's current assignment, so the sender can correct its view.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        /// The room's current assignment, so the sender can correct its view (may be absent).
+        #[serde(skip_serializing_if = "Option::is_none")]
         current: Option<SignedAssignment>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        /// (may be absent)
+        #[serde(skip_serializing_if = "Option::is_none")]
         retry_after_ms: Option<u64>,
     },
+}
+
+impl<'de> Deserialize<'de> for Outcome {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(super::de::TaggedVisitor::new())
+    }
 }
 
 /// Codes of a protocol-level error frame (usually followed by a close).
@@ -328,8 +353,9 @@ impl ErrorCode {
     }
 }
 
-/// Server → client frames.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Server → client frames. Decoded only by [`super::codec::decode_server`] (fields read in
+/// `super::de`, which says which fields may be absent).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ServerMsg {
@@ -339,11 +365,10 @@ pub enum ServerMsg {
         you: ParticipantId,
         session: SessionId,
         snapshot: Snapshot,
-        /// Items after the resume cursor up to `snapshot.seq`, in order.
-        #[serde(default)]
+        /// Items after the resume cursor up to `snapshot.seq`, in order (absent: none).
         missed: Vec<Item>,
         /// Items after the cursor that the server no longer holds.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         discontinuity: Option<Gap>,
     },
     /// A new assignment on the room stream.
@@ -364,7 +389,7 @@ pub enum ServerMsg {
         role: Role,
         token: Token,
         /// Set for host tokens: the epoch the token is bound to.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         epoch: Option<Epoch>,
         actions: Vec<Action>,
         /// Lifetime counted from when the server sent this frame.
@@ -390,8 +415,9 @@ pub enum ServerMsg {
     Error { code: ErrorCode, message: String },
 }
 
-/// Client → server frames.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Client → server frames. Decoded only by [`super::codec::decode_client`] (fields read in
+/// `super::de`, which says which fields may be absent).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ClientMsg {
@@ -399,11 +425,11 @@ pub enum ClientMsg {
     Hello {
         token: Token,
         /// Resume after this `seq` (items after it are replayed in `welcome.missed`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         resume: Option<Seq>,
         /// The newest epoch this client has observed (lets the server spot a client that claims
         /// an epoch ahead of the committed one).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         epoch_seen: Option<Epoch>,
     },
     /// On a live connection: a gap was seen, send a fresh welcome resuming after `cursor`.
@@ -416,16 +442,16 @@ pub enum ClientMsg {
     Command {
         id: IdempotencyKey,
         action: Action,
-        #[serde(default)]
+        /// Absent: `null`.
         payload: Value,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         epoch: Option<Epoch>,
         capability: Token,
     },
     /// WebRTC signalling for another member of the room.
     Signal {
         to: ParticipantId,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(skip_serializing_if = "Option::is_none")]
         to_session: Option<SessionId>,
         data: Value,
     },

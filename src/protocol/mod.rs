@@ -6,6 +6,7 @@
 //!   assignment.
 
 pub mod codec;
+mod de;
 pub mod ids;
 pub mod messages;
 
