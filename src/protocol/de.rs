@@ -304,6 +304,74 @@ impl From<Rejected> for Outcome {
     }
 }
 
+/// A fieldless enum, written as its name.
+///
+/// Read by [`deserialize_named`] rather than derived: the derive's `deserialize_enum` also takes
+/// the externally tagged `{"name": null}`, which is not the protocol, and cost ~1.5 KB of wasm per
+/// enum.
+pub(super) trait Named: Copy + PartialEq + 'static {
+    /// Every variant except the catch-all, in declaration order (the tests below check it).
+    const ALL: &'static [Self];
+    /// What a name not in `ALL` reads as (`#[serde(other)]`); `None`: it is an error.
+    const OTHER: Option<Self>;
+    /// The wire name, as `Serialize` writes it.
+    fn name(self) -> &'static str;
+}
+
+pub(super) fn deserialize_named<'de, D: Deserializer<'de>, T: Named>(d: D) -> Result<T, D::Error> {
+    d.deserialize_str(NamedVisitor(PhantomData))
+}
+
+struct NamedVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Named> Visitor<'de> for NamedVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a known name")
+    }
+
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<T, E> {
+        T::ALL
+            .iter()
+            .copied()
+            .find(|v| v.name() == name)
+            .or(T::OTHER)
+            .ok_or_else(|| E::invalid_value(de::Unexpected::Str(name), &self))
+    }
+}
+
+macro_rules! named {
+    ($t:ident, other: $other:expr, [$($v:ident),* $(,)?]) => {
+        impl Named for $t {
+            const ALL: &'static [Self] = &[$($t::$v),*];
+            const OTHER: Option<Self> = $other;
+            fn name(self) -> &'static str {
+                self.as_str()
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                deserialize_named(d)
+            }
+        }
+    };
+}
+
+named!(Reason, other: Some(Reason::Unknown), [
+    Elected, LeaseLapsed, Left, Resigned, Transferred, Admin, Kicked, Closed,
+]);
+named!(RejectCode, other: Some(RejectCode::Unknown), [
+    StaleEpoch, NotHost, LeaseExpired, BadCapability, ActionNotGranted, IdempotencyConflict,
+    RateLimited, BadRequest, Unavailable,
+]);
+named!(ErrorCode, other: Some(ErrorCode::Unknown), [
+    BadFrame, FrameTooLarge, UnsupportedVersion, RateLimited, Unauthorized, RoomFull,
+    TooManyRooms, TooManyConnections, UnexpectedMessage, RoomClosed, Kicked, Internal,
+]);
+named!(Role, other: None, [Host, Participant]);
+
 /// One pass over a frame's text.
 fn read<'a, T: Deserialize<'a>>(text: &'a str) -> Result<T, serde_json::Error> {
     serde_json::from_str(text)
@@ -529,4 +597,91 @@ pub(super) fn client_msg(text: &str, t: &str) -> Result<Option<ClientMsg>, serde
         }
         _ => return Ok(None),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Serialize;
+
+    /// `ALL` holds every variant but the catch-all, and each reads back from the name
+    /// `Serialize` writes for it.
+    /// `discriminants`: of every variant, in declaration order.
+    fn check_named<T>(discriminants: &[usize])
+    where
+        T: Named + Serialize + serde::de::DeserializeOwned + PartialEq + fmt::Debug,
+    {
+        for (i, d) in discriminants.iter().enumerate() {
+            assert_eq!(*d, i, "variant {i} is not listed in order");
+        }
+        for v in T::ALL {
+            let json = serde_json::to_string(v).unwrap();
+            assert_eq!(json, format!("\"{}\"", v.name()));
+            assert_eq!(serde_json::from_str::<T>(&json).unwrap(), *v);
+        }
+        assert_eq!(
+            discriminants.len(),
+            T::ALL.len() + usize::from(T::OTHER.is_some())
+        );
+        if let Some(other) = T::OTHER {
+            let json = serde_json::to_string(&other).unwrap();
+            assert_eq!(serde_json::from_str::<T>(&json).unwrap(), other);
+            assert_eq!(
+                serde_json::from_str::<T>("\"from_the_future\"").unwrap(),
+                other
+            );
+        } else {
+            assert!(serde_json::from_str::<T>("\"from_the_future\"").is_err());
+        }
+        // Only a name: not the externally tagged form the derive also took, nor a number.
+        let first = T::ALL[0].name();
+        assert!(serde_json::from_str::<T>(&format!("{{\"{first}\":null}}")).is_err());
+        assert!(serde_json::from_str::<T>("0").is_err());
+    }
+
+    #[test]
+    fn named_enums_read_every_name_they_write() {
+        use ErrorCode as E;
+        use Reason as R;
+        use RejectCode as C;
+        check_named::<Reason>(&[
+            R::Elected as usize,
+            R::LeaseLapsed as usize,
+            R::Left as usize,
+            R::Resigned as usize,
+            R::Transferred as usize,
+            R::Admin as usize,
+            R::Kicked as usize,
+            R::Closed as usize,
+            R::Unknown as usize,
+        ]);
+        check_named::<RejectCode>(&[
+            C::StaleEpoch as usize,
+            C::NotHost as usize,
+            C::LeaseExpired as usize,
+            C::BadCapability as usize,
+            C::ActionNotGranted as usize,
+            C::IdempotencyConflict as usize,
+            C::RateLimited as usize,
+            C::BadRequest as usize,
+            C::Unavailable as usize,
+            C::Unknown as usize,
+        ]);
+        check_named::<ErrorCode>(&[
+            E::BadFrame as usize,
+            E::FrameTooLarge as usize,
+            E::UnsupportedVersion as usize,
+            E::RateLimited as usize,
+            E::Unauthorized as usize,
+            E::RoomFull as usize,
+            E::TooManyRooms as usize,
+            E::TooManyConnections as usize,
+            E::UnexpectedMessage as usize,
+            E::RoomClosed as usize,
+            E::Kicked as usize,
+            E::Internal as usize,
+            E::Unknown as usize,
+        ]);
+        check_named::<Role>(&[Role::Host as usize, Role::Participant as usize]);
+    }
 }

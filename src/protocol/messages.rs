@@ -21,7 +21,7 @@ use super::ids::{
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Why an assignment was made. Unknown reasons from a newer server decode as `Unknown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Reason {
@@ -41,11 +41,12 @@ pub enum Reason {
     Kicked,
     /// The room was closed; the assignment is hostless.
     Closed,
-    #[serde(other)]
+    /// A name this SDK does not know.
     Unknown,
 }
 
 impl Reason {
+    /// The wire name.
     pub fn as_str(&self) -> &'static str {
         match self {
             Reason::Elected => "elected",
@@ -230,15 +231,25 @@ pub struct Gap {
 }
 
 /// Host or participant capability.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     Host,
     Participant,
 }
 
+impl Role {
+    /// The wire name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Host => "host",
+            Role::Participant => "participant",
+        }
+    }
+}
+
 /// Stable codes of a refused command. Unknown codes from a newer server decode as `Unknown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum RejectCode {
@@ -260,7 +271,7 @@ pub enum RejectCode {
     BadRequest,
     /// The server could not decide now (storage busy); retry after `retry_after_ms`.
     Unavailable,
-    #[serde(other)]
+    /// A name this SDK does not know.
     Unknown,
 }
 
@@ -311,7 +322,7 @@ impl<'de> Deserialize<'de> for Outcome {
 }
 
 /// Codes of a protocol-level error frame (usually followed by a close).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorCode {
@@ -329,7 +340,7 @@ pub enum ErrorCode {
     RoomClosed,
     Kicked,
     Internal,
-    #[serde(other)]
+    /// A name this SDK does not know.
     Unknown,
 }
 
