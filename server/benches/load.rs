@@ -55,10 +55,9 @@ const HANDSHAKES: usize = 256;
 /// Bounds of the 10,000-client join and of the reconnect storm.
 const JOIN_BOUND_S: u64 = 400;
 const STORM_BOUND_S: u64 = 150;
-/// Host commands in flight per host (the core allows 256). The server handles one connection's
-/// frames in order, so a deeper pipeline only queues the host's own lease echoes behind its
-/// commands (and a late renewal lets the lease lapse).
-const PIPELINE: usize = 4;
+/// Host commands in flight per host (the core allows 256; the server reads on while up to 64 of
+/// a connection's commands are being decided and commits queued ones together).
+const PIPELINE: usize = 64;
 
 // ----- clock -------------------------------------------------------------------------------------
 

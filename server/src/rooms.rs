@@ -50,6 +50,8 @@ pub struct Room {
     pub tx: broadcast::Sender<Bcast>,
     /// Serialises this process's decisions for the room (the CAS keeps them correct anyway).
     pub decide: tokio::sync::Mutex<()>,
+    /// Woken whenever an item is published to this room's subscribers.
+    published: Notify,
     /// Holders of this hub (sessions and in-flight requests), counted under the map lock: the
     /// hub leaves the map only when the last one releases it, so nobody joins an orphan.
     users: AtomicUsize,
@@ -78,6 +80,23 @@ impl Room {
             item: Arc::new(item),
             frame: frame.into(),
         });
+        self.published.notify_waiters();
+    }
+
+    /// Waits (at most `bound`) until the item with `seq` has been published here.
+    pub async fn wait_published(&self, seq: Seq, bound: Duration) {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let notified = self.published.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.state.lock().expect("room lock").seq >= seq {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
     }
 }
 
@@ -176,6 +195,7 @@ impl App {
             }),
             tx: broadcast::channel(4096).0,
             decide: tokio::sync::Mutex::new(()),
+            published: Notify::new(),
             users: AtomicUsize::new(1),
         });
         map.insert(room.clone(), hub.clone());
@@ -298,31 +318,32 @@ impl App {
     }
 
     /// The holder `session` is gone or gave the role up (leave, clean close, kick): grant at once
-    /// to the next member, excluding it. No-op when it is not the recorded holder.
+    /// to the next member, excluding it. No-op when it is not the recorded holder. Returns the
+    /// seq of the assignment this call committed, if it did.
     pub async fn replace_host(
         &self,
         room: &Arc<Room>,
         session: &SessionId,
         reason: Reason,
         correlation: &str,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<Seq>, StoreError> {
         {
             let _g = room.decide.lock().await;
             let Some(row) = self.store.room(&room.id).await? else {
-                return Ok(());
+                return Ok(None);
             };
             if row.session.as_ref() != Some(session) || row.closed {
-                return Ok(());
+                return Ok(None);
             }
             let members = room.members();
             let next = elect(members.iter().filter(|m| &m.session != session))
                 .map(|m| (m.id.clone(), m.session.clone()));
             let req = self.grant_req(room, row.epoch, next, reason, false);
-            if self.grant(req, Some(&row), correlation).await?.is_some() {
-                return Ok(());
+            if let Some(a) = self.grant(req, Some(&row), correlation).await? {
+                return Ok(Some(a.assignment.seq));
             }
         }
-        self.reconcile(room, correlation).await
+        self.reconcile(room, correlation).await.map(|()| None)
     }
 
     pub fn grant_req(

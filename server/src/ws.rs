@@ -35,6 +35,9 @@ const MAX_IN_FLIGHT: usize = 64;
 /// A connection's commands in flight, each resolving to its `command_result`.
 type Commands = FuturesOrdered<Pin<Box<dyn Future<Output = ServerMsg> + Send>>>;
 
+/// How long a departing host's presence frame waits for its successor's assignment to go out.
+const PUBLISH_WAIT: Duration = Duration::from_millis(100);
+
 /// Broadcast frames written per flush at most.
 const BROADCAST_BATCH: usize = 64;
 
@@ -266,27 +269,31 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         },
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
-    // Leaving: remove the member and tell the room; a host that left explicitly is replaced at
-    // once, a dead connection only stops renewing (the sweeper reassigns after expiry).
+    // Leaving: the member goes; a host that left explicitly is replaced at once, a dead
+    // connection only stops renewing (the sweeper reassigns after expiry). The room hears of the
+    // departure after the grant, so the new assignment reaches every member first (a snapshot
+    // taken in between already lacks the member; the late presence frame changes nothing there).
     {
         let mut st = room.state.lock().expect("room lock");
         st.members.retain(|m| m.session != session);
         st.conns.remove(&session);
-        let _ = room.tx.send(Bcast::Presence {
-            frame: Utf8Bytes::from(encode_server(&ServerMsg::Presence {
-                member,
-                online: false,
-            })),
-        });
     }
     if explicit {
-        if let Err(e) = app
+        match app
             .replace_host(&room, &session, Reason::Left, &correlation_id())
             .await
         {
-            tracing::warn!(error = %e, "replace host failed");
+            Ok(Some(seq)) => room.wait_published(seq, PUBLISH_WAIT).await,
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "replace host failed"),
         }
     }
+    let _ = room.tx.send(Bcast::Presence {
+        frame: Utf8Bytes::from(encode_server(&ServerMsg::Presence {
+            member,
+            online: false,
+        })),
+    });
     app.release(&room).await;
 }
 
