@@ -166,6 +166,30 @@ fn input_before_the_snapshot_is_buffered_and_applied_once_in_order() {
 }
 
 #[test]
+fn a_seq_buffered_twice_keeps_the_copy_that_came_last() {
+    let mut v = connected("b");
+    let mut first = event(5, 2, "a");
+    first.payload = json!("first");
+    let mut second = event(5, 2, "a");
+    second.payload = json!("second");
+    for e in [event(7, 2, "a"), first, event(6, 2, "a"), second] {
+        server(&mut v, 1, ServerMsg::Event(e));
+    }
+    assert_eq!(v.buffered(), 3);
+    let snap = snapshot(assignment(2, 4, Some("a")), vec![member("a", 1)], None);
+    let (_, ev) = server(&mut v, 2, welcome("b", snap, vec![]));
+    assert_eq!(room_events(&ev), vec![5, 6, 7]);
+    let payloads: Vec<_> = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::RoomEvent(e) => Some(e.payload.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(payloads[0], json!("second"));
+}
+
+#[test]
 fn a_gap_while_live_asks_to_resume_and_the_welcome_fills_it() {
     let mut v = live("b", "a", 2);
     let (_, ev) = server(&mut v, 20, ServerMsg::Event(event(3, 2, "a")));
@@ -499,6 +523,20 @@ fn provisional_falls_back_to_the_first_reachable_member_in_server_order() {
     // Reconnecting ends the provisional view.
     v.handle_connected(at(30), Token::new("jt"));
     assert_eq!(v.provisional(), None);
+}
+
+#[test]
+fn a_peer_seen_twice_or_lost_unseen_changes_nothing() {
+    let mut v = live("c", "a", 2);
+    v.handle_disconnected(at(20));
+    v.handle_peer_lost(at(21), &pid("b"));
+    assert_eq!(v.provisional(), Some(&pid("c")));
+    v.handle_peer_seen(at(22), pid("b"));
+    v.handle_peer_seen(at(23), pid("b"));
+    assert_eq!(v.provisional(), Some(&pid("b")));
+    // One loss undoes both sightings: reachability is a set, not a count.
+    v.handle_peer_lost(at(24), &pid("b"));
+    assert_eq!(v.provisional(), Some(&pid("c")));
 }
 
 #[test]
