@@ -271,8 +271,9 @@ pub struct HostView {
     resync_retry_at: Option<Instant>,
     members: Vec<Member>,
     actions: ActionTable,
-    /// Sorted, no duplicates. (A sorted `Vec` and `VecDeque` rather than B-trees: two fewer
-    /// B-tree instantiations is ~8 KB less wasm, and both stay small.)
+    /// Sorted, no duplicates. (This and `buffer` are sorted vectors rather than B-trees: the two
+    /// B-tree instantiations were ~15 KB of wasm. An insert out of order moves part of the
+    /// vector, which stays cheap at the buffer limit; in order or reversed it moves nothing.)
     reachable: Vec<ParticipantId>,
     provisional: Option<ParticipantId>,
     /// Sorted by `seq`, one item per `seq`.
