@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use hostlease::core::{Config as ViewConfig, Event, HostView, Instant, LeaseState, Phase};
 use hostlease::protocol::codec::{decode_server, encode_client, encode_server};
 use hostlease::protocol::{
@@ -500,6 +500,21 @@ fn publish_step(view: &mut HostView, st: &mut Local, action: &Action) {
     }
 }
 
+/// One server frame into the view (decode failures are counted).
+fn on_frame(view: &mut HostView, sh: &Shared, st: &Local, text: &str) {
+    match decode_server(text) {
+        Ok(msg) => {
+            if !st.deaf && matches!(msg, ServerMsg::LeaseConfirm { .. }) {
+                sh.last_confirm_at.store(ns(), RELAXED);
+            }
+            view.handle_server(core_now(), msg);
+        }
+        Err(_) => {
+            sh.failures.fetch_add(1, RELAXED);
+        }
+    }
+}
+
 /// Waits before a reconnection attempt: for a new server address, or 300 ms. `true`: quit.
 async fn wait_retry(target: &Target, gen: u64, ctrl: &mut mpsc::UnboundedReceiver<Ctrl>) -> bool {
     let Target::Server(rx) = target else {
@@ -568,11 +583,19 @@ async fn client_task(
             view.handle_server(core_now(), (**welcome).clone());
         }
         let mut quit = !flush(&mut view, &mut ws, &sh, &mut st).await;
+        // One timer per connection, moved only when the view's next deadline moves.
+        let timer = tokio::time::sleep(Duration::from_secs(3600));
+        tokio::pin!(timer);
         if !quit {
             quit = loop {
                 let wake = view.poll_timeout().map(|t| {
                     tokio::time::Instant::from_std(t0() + Duration::from_millis(t.as_millis()))
                 });
+                if let Some(w) = wake {
+                    if timer.deadline() != w {
+                        timer.as_mut().reset(w);
+                    }
+                }
                 let retry = st.to_publish > 0 && st.in_flight == 0;
                 tokio::select! {
                     c = ctrl.recv() => match c {
@@ -587,22 +610,30 @@ async fn client_task(
                         }
                         Some(Ctrl::Quit) | None => break true,
                     },
-                    m = ws.next() => match m {
-                        Some(Ok(Message::Text(t))) => match decode_server(t.as_str()) {
-                            Ok(msg) => {
-                                if !st.deaf && matches!(msg, ServerMsg::LeaseConfirm { .. }) {
-                                    sh.last_confirm_at.store(ns(), RELAXED);
-                                }
-                                view.handle_server(core_now(), msg);
+                    m = ws.next() => {
+                        // This frame and those already read with it (up to 64), then one step.
+                        let mut m = m;
+                        let mut n = 0;
+                        let open = loop {
+                            match m {
+                                Some(Ok(Message::Text(t))) => on_frame(&mut view, &sh, &st, &t),
+                                Some(Ok(_)) => {}
+                                Some(Err(_)) | None => break false,
                             }
-                            Err(_) => {
-                                sh.failures.fetch_add(1, RELAXED);
+                            n += 1;
+                            if n == 64 {
+                                break true;
                             }
-                        },
-                        Some(Ok(_)) => {}
-                        Some(Err(_)) | None => break false,
-                    },
-                    _ = tokio::time::sleep_until(wake.unwrap_or_else(tokio::time::Instant::now)), if wake.is_some() => {
+                            match ws.next().now_or_never() {
+                                Some(next) => m = next,
+                                None => break true,
+                            }
+                        };
+                        if !open {
+                            break false;
+                        }
+                    }
+                    _ = &mut timer, if wake.is_some() => {
                         view.handle_timeout(core_now());
                     }
                     _ = tokio::time::sleep(Duration::from_millis(20)), if retry => {}

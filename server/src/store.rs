@@ -562,6 +562,19 @@ async fn renew_in_tx(c: &mut SqliteConnection, r: &Renewal) -> StoreResult<Optio
     Ok(row.map(|(e, t)| (e as u64, t as u64)))
 }
 
+async fn remember_in_tx(
+    c: &mut SqliteConnection,
+    room: &RoomId,
+    p: &ParticipantId,
+) -> StoreResult<()> {
+    sqlx::query("INSERT OR IGNORE INTO participants (room, participant) VALUES (?, ?)")
+        .bind(room.as_str())
+        .bind(p.as_str())
+        .execute(&mut *c)
+        .await?;
+    Ok(())
+}
+
 // ----- group commit ------------------------------------------------------------------------------
 
 /// Most decisions a group commit takes in one transaction.
@@ -581,6 +594,12 @@ enum Job {
         renewal: Renewal,
         reply: Reply<Option<(u64, u64)>>,
     },
+    /// A participant seen for the first time (for the offline inbox).
+    Remember {
+        room: RoomId,
+        participant: ParticipantId,
+        reply: Reply<()>,
+    },
 }
 
 impl Job {
@@ -590,6 +609,7 @@ impl Job {
         match self {
             Job::Command { reply, .. } => Answer::Command(reply, Box::new(Err(e()))),
             Job::Renew { reply, .. } => Answer::Renew(reply, Err(e())),
+            Job::Remember { reply, .. } => Answer::Done(reply, Err(e())),
         }
     }
 }
@@ -598,6 +618,7 @@ impl Job {
 enum Answer {
     Command(Reply<CommandDone>, Box<StoreResult<CommandDone>>),
     Renew(Reply<Option<(u64, u64)>>, StoreResult<Option<(u64, u64)>>),
+    Done(Reply<()>, StoreResult<()>),
 }
 
 impl Answer {
@@ -607,6 +628,7 @@ impl Answer {
         match self {
             Answer::Command(tx, r) => drop(tx.send(*r)),
             Answer::Renew(tx, r) => drop(tx.send(r)),
+            Answer::Done(tx, r) => drop(tx.send(r)),
         }
     }
 
@@ -614,17 +636,19 @@ impl Answer {
         match self {
             Answer::Command(tx, _) => drop(tx.send(Err(StoreError(why.to_string())))),
             Answer::Renew(tx, _) => drop(tx.send(Err(StoreError(why.to_string())))),
+            Answer::Done(tx, _) => drop(tx.send(Err(StoreError(why.to_string())))),
         }
     }
 }
 
-/// Hot-path decisions (commands and lease renewals) of this process go through one committer
-/// that takes every decision queued while the previous transaction was being made durable into
-/// the next transaction: one fsync answers many decisions. Each decision is still checked inside
-/// the transaction that carries its effect (a savepoint of it, against the rows as the decisions
-/// before it left them) and answered only after that transaction committed with
-/// `synchronous=FULL`, so no caller ever hears of an effect that is not durable. If the commit
-/// fails, every decision of the group is answered with the error and none took effect.
+/// Hot-path writes of this process (commands, lease renewals, first sightings of participants)
+/// go through one committer that takes every decision queued while the previous transaction was
+/// being made durable into the next transaction: one fsync answers many decisions. Each decision
+/// is still checked inside the transaction that carries its effect (a savepoint of it, against
+/// the rows as the decisions before it left them) and answered only after that transaction
+/// committed with `synchronous=FULL`, so no caller ever hears of an effect that is not durable.
+/// If the commit fails, every decision of the group is answered with the error and none took
+/// effect.
 struct GroupCommit {
     tx: mpsc::UnboundedSender<Job>,
     /// Transactions the committer has committed.
@@ -719,6 +743,14 @@ async fn run_group(
                     (Answer::Renew(reply, Ok(r)), keep)
                 }
                 Err(e) => (Answer::Renew(reply, Err(e)), false),
+            },
+            Job::Remember {
+                room,
+                participant,
+                reply,
+            } => match remember_in_tx(&mut tx, &room, &participant).await {
+                Ok(()) => (Answer::Done(reply, Ok(())), true),
+                Err(e) => (Answer::Done(reply, Err(e)), false),
             },
         };
         answers.push(answer);
@@ -1030,12 +1062,14 @@ impl Store for SqliteStore {
         if known.is_some() {
             return Ok(());
         }
-        sqlx::query("INSERT OR IGNORE INTO participants (room, participant) VALUES (?, ?)")
-            .bind(room.as_str())
-            .bind(p.as_str())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        let (room, participant) = (room.clone(), p.clone());
+        self.group
+            .submit(|reply| Job::Remember {
+                room,
+                participant,
+                reply,
+            })
+            .await
     }
 
     async fn inbox(

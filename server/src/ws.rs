@@ -249,7 +249,15 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             return;
         }
     };
-    let _ = app.store.remember_participant(&room_id, &claims.sub).await;
+    {
+        // Recorded for the offline inbox; the session does not wait for it.
+        let (app, room_id, sub) = (app.clone(), room_id.clone(), claims.sub.clone());
+        tokio::spawn(async move {
+            if let Err(e) = app.store.remember_participant(&room_id, &sub).await {
+                tracing::warn!(error = %e, "participant not recorded");
+            }
+        });
+    }
     let mut conn = Conn {
         app: app.clone(),
         room: room.clone(),
@@ -338,8 +346,18 @@ impl Conn {
         if !self.send_participant_capability().await {
             return false;
         }
-        // A join may make someone host (first eligible member of a hostless room).
-        {
+        // A join may make someone host (first eligible member of a hostless room). A room with
+        // a host needs nothing: a lapsed lease is the sweeper's to reassign.
+        let hostless = self
+            .room
+            .state
+            .lock()
+            .expect("room lock")
+            .current
+            .assignment
+            .host
+            .is_none();
+        if hostless {
             let app = self.app.clone();
             let room = self.room.clone();
             tokio::spawn(async move {
