@@ -370,8 +370,18 @@ impl Conn {
         // Commands queued with the store, answered in the order they came: the next frame is
         // read while earlier commands are still being committed (up to `MAX_IN_FLIGHT`).
         let mut commands: Commands = FuturesOrdered::new();
+        // One timer for the session's timed duties (the host probe, the participant token's
+        // refresh), moved only when the next of them moves: a broadcast wakes every session of
+        // a room, and a timer made anew on each wake costs every one of them.
+        let timer = tokio::time::sleep_until(self.participant_refresh);
+        tokio::pin!(timer);
         loop {
-            let probe_at = self.next_probe;
+            let due = self.next_probe.map_or(self.participant_refresh, |p| {
+                p.min(self.participant_refresh)
+            });
+            if timer.deadline() != due {
+                timer.as_mut().reset(due);
+            }
             let flow = tokio::select! {
                 m = stream.next(), if commands.len() < MAX_IN_FLIGHT => self.on_client(m, &mut commands).await,
                 Some(answer) = commands.next() => {
@@ -394,12 +404,7 @@ impl Conn {
                     }
                     None => Flow::End(false),
                 },
-                _ = async { tokio::time::sleep_until(probe_at.unwrap_or_else(Instant::now)).await }, if probe_at.is_some() => {
-                    self.probe().await
-                }
-                _ = tokio::time::sleep_until(self.participant_refresh) => {
-                    if self.send_participant_capability().await { Flow::Continue } else { Flow::End(false) }
-                }
+                _ = &mut timer => self.on_timer().await,
                 _ = shutdown.changed() => {
                     close_with(&mut self.sink, ErrorCode::Internal, "server shutting down").await;
                     Flow::End(false)
@@ -504,6 +509,20 @@ impl Conn {
             expires_in_ms: ttl,
         })
         .await
+    }
+
+    /// The timed duties that are due: the host probe, the participant token's refresh.
+    async fn on_timer(&mut self) -> Flow {
+        let now = Instant::now();
+        if self.next_probe.is_some_and(|p| p <= now) {
+            if let Flow::End(e) = self.probe().await {
+                return Flow::End(e);
+            }
+        }
+        if self.participant_refresh <= now && !self.send_participant_capability().await {
+            return Flow::End(false);
+        }
+        Flow::Continue
     }
 
     async fn probe(&mut self) -> Flow {
