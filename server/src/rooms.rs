@@ -55,6 +55,8 @@ pub struct Room {
     /// Holders of this hub (sessions and in-flight requests), counted under the map lock: the
     /// hub leaves the map only when the last one releases it, so nobody joins an orphan.
     users: AtomicUsize,
+    /// Set once the room's row has been read into `state` (see [`App::room`]).
+    loaded: tokio::sync::OnceCell<()>,
 }
 
 impl Room {
@@ -108,7 +110,10 @@ pub struct App {
     pub join_keys: Verifier,
     /// Verifies capability tokens (this server's public keys).
     pub cap_keys: Verifier,
-    pub rooms: tokio::sync::Mutex<HashMap<RoomId, Arc<Room>>>,
+    /// The hubs of this process. A plain lock held only for lookups and inserts (never across an
+    /// await): every join passes here, and a fair async lock held across a store read made a
+    /// reconnect storm's joins queue behind one another.
+    pub rooms: Mutex<HashMap<RoomId, Arc<Room>>>,
     pub connections: AtomicUsize,
     pub committed: Notify,
     pub shutdown: tokio::sync::watch::Sender<bool>,
@@ -134,7 +139,7 @@ impl App {
             keys,
             join_keys,
             cap_keys,
-            rooms: tokio::sync::Mutex::new(HashMap::new()),
+            rooms: Mutex::new(HashMap::new()),
             connections: AtomicUsize::new(0),
             committed: Notify::new(),
             shutdown: tokio::sync::watch::channel(false).0,
@@ -157,55 +162,68 @@ impl App {
         })
     }
 
-    /// The hub of `room`, loading it from the store under the map lock (so the publisher cannot
-    /// drop an item between the load and the insert). `None` when the room limit is reached.
+    /// The hub of `room`, loaded from the store on first use. `None` when the room limit is
+    /// reached. A new hub enters the map before its row is read, so the publisher applies what
+    /// commits meanwhile; the load then keeps the newer of the row and what was published.
     pub async fn room(&self, room: &RoomId) -> Result<Option<Arc<Room>>, StoreError> {
-        let mut map = self.rooms.lock().await;
-        if let Some(r) = map.get(room) {
-            r.users.fetch_add(1, Ordering::Relaxed);
-            return Ok(Some(r.clone()));
-        }
-        if map.len() >= self.cfg.max_rooms {
-            return Ok(None);
-        }
-        let row = self.store.room(room).await?;
-        let (current, seq, closed) = match &row {
-            Some(r) => (
-                r.current
-                    .clone()
-                    .unwrap_or_else(|| self.genesis(room, r.now)),
-                r.seq,
-                r.closed,
-            ),
-            None => (
-                self.genesis(room, crate::tokens::now_ms()),
-                Seq::ZERO,
-                false,
-            ),
+        let hub = {
+            let mut map = self.rooms.lock().expect("rooms lock");
+            match map.get(room) {
+                Some(r) => {
+                    r.users.fetch_add(1, Ordering::Relaxed);
+                    r.clone()
+                }
+                None if map.len() >= self.cfg.max_rooms => return Ok(None),
+                None => {
+                    let hub = Arc::new(Room {
+                        id: room.clone(),
+                        state: Mutex::new(RoomState {
+                            current: self.genesis(room, crate::tokens::now_ms()),
+                            seq: Seq::ZERO,
+                            members: Vec::new(),
+                            conns: HashMap::new(),
+                            next_join: 1,
+                            closed: false,
+                        }),
+                        tx: broadcast::channel(4096).0,
+                        decide: tokio::sync::Mutex::new(()),
+                        published: Notify::new(),
+                        users: AtomicUsize::new(1),
+                        loaded: tokio::sync::OnceCell::new(),
+                    });
+                    map.insert(room.clone(), hub.clone());
+                    metrics::gauge!("hostlease_rooms").set(map.len() as f64);
+                    hub
+                }
+            }
         };
-        let hub = Arc::new(Room {
-            id: room.clone(),
-            state: Mutex::new(RoomState {
-                current,
-                seq,
-                members: Vec::new(),
-                conns: HashMap::new(),
-                next_join: 1,
-                closed,
-            }),
-            tx: broadcast::channel(4096).0,
-            decide: tokio::sync::Mutex::new(()),
-            published: Notify::new(),
-            users: AtomicUsize::new(1),
-        });
-        map.insert(room.clone(), hub.clone());
-        metrics::gauge!("hostlease_rooms").set(map.len() as f64);
+        if let Err(e) = hub.loaded.get_or_try_init(|| self.load(&hub)).await {
+            self.release(&hub).await;
+            return Err(e);
+        }
         Ok(Some(hub))
+    }
+
+    /// Reads the room's row into a new hub, keeping whatever newer the publisher applied already.
+    async fn load(&self, hub: &Room) -> Result<(), StoreError> {
+        let Some(row) = self.store.room(&hub.id).await? else {
+            return Ok(());
+        };
+        let mut st = hub.state.lock().expect("room lock");
+        let current = row
+            .current
+            .unwrap_or_else(|| self.genesis(&hub.id, row.now));
+        if current.assignment.seq >= st.current.assignment.seq {
+            st.current = current;
+        }
+        st.seq = st.seq.max(row.seq);
+        st.closed |= row.closed;
+        Ok(())
     }
 
     /// Releases a hub obtained from [`App::room`]; the last holder drops it from the map.
     pub async fn release(&self, room: &Arc<Room>) {
-        let mut map = self.rooms.lock().await;
+        let mut map = self.rooms.lock().expect("rooms lock");
         if room.users.fetch_sub(1, Ordering::Relaxed) == 1 {
             map.remove(&room.id);
         }
@@ -442,7 +460,7 @@ async fn publisher(app: Arc<App>) {
             if rows.is_empty() {
                 break;
             }
-            let map = app.rooms.lock().await;
+            let map = app.rooms.lock().expect("rooms lock");
             for (id, room, item) in rows {
                 last = id;
                 if let Some(r) = map.get(&room) {
@@ -458,7 +476,7 @@ async fn notifier(app: Arc<App>) {
     loop {
         tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2)).await;
         let online: HashSet<(RoomId, ParticipantId)> = {
-            let map = app.rooms.lock().await;
+            let map = app.rooms.lock().expect("rooms lock");
             map.values()
                 .flat_map(|r| {
                     r.members()
@@ -488,7 +506,13 @@ async fn sweeper(app: Arc<App>) {
                 continue;
             }
         };
-        let hubs: Vec<Arc<Room>> = app.rooms.lock().await.values().cloned().collect();
+        let hubs: Vec<Arc<Room>> = app
+            .rooms
+            .lock()
+            .expect("rooms lock")
+            .values()
+            .cloned()
+            .collect();
         for hub in hubs {
             let needs = lapsed.contains(&hub.id) || {
                 let st = hub.state.lock().expect("room lock");
