@@ -222,12 +222,14 @@ async fn command(
     let outcome = crate::ws::command(
         &app,
         &hub,
-        None,
-        &token,
-        key,
-        req.action,
-        req.payload,
-        req.epoch,
+        crate::ws::Incoming {
+            sender: None,
+            capability: &token,
+            key,
+            action: req.action,
+            payload: req.payload,
+            epoch: req.epoch,
+        },
     )
     .await;
     app.release(&hub).await;

@@ -750,12 +750,14 @@ impl Conn {
                 let outcome = command(
                     &self.app,
                     &self.room,
-                    Some((&self.me, &self.session)),
-                    &capability,
-                    id.clone(),
-                    action,
-                    payload,
-                    epoch,
+                    Incoming {
+                        sender: Some((&self.me, &self.session)),
+                        capability: &capability,
+                        key: id.clone(),
+                        action,
+                        payload,
+                        epoch,
+                    },
                 );
                 commands.push_back(Box::pin(async move {
                     ServerMsg::CommandResult {
@@ -787,23 +789,28 @@ impl Conn {
     }
 }
 
+/// A command as it arrived, from either transport.
+pub struct Incoming<'a> {
+    /// The sending connection (WebSocket), or `None` for HTTP (the token's `sub`/`sid` stand).
+    pub sender: Option<(&'a ParticipantId, &'a SessionId)>,
+    pub capability: &'a Token,
+    pub key: IdempotencyKey,
+    pub action: Action,
+    pub payload: Value,
+    pub epoch: Option<Epoch>,
+}
+
 /// One command, from either transport: verify the capability's signature, choose the next
 /// holder for resign/transfer from the local membership, and queue it with the store, which
 /// checks the rest and applies the effect in one transaction. The command is queued when this is
 /// called, so a connection's commands are decided in the order they arrived; the returned future
 /// resolves to the outcome.
-#[allow(clippy::too_many_arguments)]
 pub fn command(
     app: &Arc<App>,
     room: &Arc<Room>,
-    sender: Option<(&ParticipantId, &SessionId)>,
-    capability: &Token,
-    key: IdempotencyKey,
-    action: Action,
-    payload: Value,
-    epoch: Option<Epoch>,
+    cmd: Incoming<'_>,
 ) -> impl Future<Output = Outcome> + Send + 'static {
-    let queued = queue_command(app, room, sender, capability, key, action, payload, epoch);
+    let queued = queue_command(app, room, cmd);
     let (app, room) = (app.clone(), room.clone());
     async move {
         let (pending, old_host) = match queued {
@@ -852,17 +859,19 @@ fn reject(room: &Room, code: RejectCode) -> Outcome {
 
 /// The checks that need no store, then the command queued with the store. Returns the pending
 /// decision and, for resign/transfer, the host it replaces (the sender, if it is accepted).
-#[allow(clippy::too_many_arguments)]
 fn queue_command(
     app: &Arc<App>,
     room: &Arc<Room>,
-    sender: Option<(&ParticipantId, &SessionId)>,
-    capability: &Token,
-    key: IdempotencyKey,
-    action: Action,
-    payload: Value,
-    epoch: Option<Epoch>,
+    cmd: Incoming<'_>,
 ) -> Result<(Pending<CommandDone>, Option<ParticipantId>), RejectCode> {
+    let Incoming {
+        sender,
+        capability,
+        key,
+        action,
+        payload,
+        epoch,
+    } = cmd;
     let claims: CapClaims = app
         .cap_keys
         .verify(CAP_PREFIX, capability.expose())
