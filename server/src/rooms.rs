@@ -460,6 +460,15 @@ async fn publisher(app: Arc<App>) {
             if rows.is_empty() {
                 break;
             }
+            let newest = rows.last().map(|(_, _, item)| match item {
+                Item::Assignment(a) => a.assignment.issued_at.0,
+                Item::Event(e) => e.at.0,
+            });
+            if let Some(at) = newest {
+                // Commit (store clock) to publication, for the newest item of the batch.
+                let lag_ms = crate::tokens::now_ms().saturating_sub(at);
+                metrics::gauge!("hostlease_outbox_lag_seconds").set(lag_ms as f64 / 1000.0);
+            }
             let map = app.rooms.lock().expect("rooms lock");
             for (id, room, item) in rows {
                 last = id;

@@ -59,6 +59,10 @@ pub async fn worker(app: Arc<App>) {
             }
         };
         for (id, key, body, attempts) in due {
+            if attempts > 0 {
+                // The same outbox key again (the receiver dedups by it).
+                metrics::counter!("hostlease_webhook_redeliveries_total").increment(1);
+            }
             let sig = signature(secret.as_bytes(), body.as_bytes());
             let res = client
                 .post(&url)

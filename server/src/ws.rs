@@ -170,7 +170,12 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         }
     };
     let (token, resume) = match decode_client(text.as_str()) {
-        Ok(ClientMsg::Hello { token, resume, .. }) => (token, resume),
+        Ok(ClientMsg::Hello { token, resume, .. }) => {
+            if resume.is_some() {
+                metrics::counter!("hostlease_reconnects_total").increment(1);
+            }
+            (token, resume)
+        }
         Ok(_) => {
             close_with(
                 &mut sink,
@@ -267,6 +272,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         host_epoch: None,
         host_ttl: app.cfg.lease_ms,
         probe_nonce: 0,
+        probe_sent: None,
         next_probe: None,
         participant_refresh: Instant::now(),
         bucket: Bucket {
@@ -277,6 +283,8 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         },
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
+    metrics::counter!("hostlease_connections_closed_total", "how" => if explicit { "left" } else { "dropped" })
+        .increment(1);
     // Leaving: the member goes; a host that left explicitly is replaced at once, a dead
     // connection only stops renewing (the sweeper reassigns after expiry). The room hears of the
     // departure after the grant, so the new assignment reaches every member first (a snapshot
@@ -316,6 +324,8 @@ struct Conn {
     /// The TTL of the current grant to this session (probe interval is a third of it).
     host_ttl: u64,
     probe_nonce: u64,
+    /// When the outstanding probe went out (for the round-trip histogram).
+    probe_sent: Option<Instant>,
     next_probe: Option<Instant>,
     participant_refresh: Instant,
     bucket: Bucket,
@@ -535,6 +545,7 @@ impl Conn {
             getrandom::fill(&mut b).expect("random source");
             u64::from_le_bytes(b) >> 11
         };
+        self.probe_sent = Some(Instant::now());
         self.next_probe = Some(Instant::now() + Duration::from_millis((self.host_ttl / 3).max(1)));
         if self
             .send(&ServerMsg::LeaseProbe {
@@ -555,6 +566,9 @@ impl Conn {
         };
         if nonce != self.probe_nonce {
             return Flow::Continue;
+        }
+        if let Some(sent) = self.probe_sent.take() {
+            metrics::histogram!("hostlease_probe_rtt_seconds").record(sent.elapsed().as_secs_f64());
         }
         match self
             .app
@@ -810,6 +824,7 @@ pub fn command(
     room: &Arc<Room>,
     cmd: Incoming<'_>,
 ) -> impl Future<Output = Outcome> + Send + 'static {
+    let claimed = cmd.epoch;
     let queued = queue_command(app, room, cmd);
     let (app, room) = (app.clone(), room.clone());
     async move {
@@ -819,6 +834,15 @@ pub fn command(
         };
         match pending.await {
             Ok(done) => {
+                if let Outcome::Rejected {
+                    current: Some(cur), ..
+                } = &done.outcome
+                {
+                    if claimed.is_some_and(|e| e > cur.assignment.epoch) {
+                        // No server ever granted that epoch: a client bug or a forgery.
+                        metrics::counter!("hostlease_epoch_ahead_claims_total").increment(1);
+                    }
+                }
                 if !done.replayed {
                     app.committed.notify_one();
                 }

@@ -531,3 +531,57 @@ async fn a_burst_of_commands_on_one_socket_is_answered_in_order() {
         .unwrap();
     assert_eq!(row.seq.0, last_seq, "the rejected ones changed nothing");
 }
+
+/// The value of an unlabelled series in a Prometheus text page (0 when absent).
+fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn probe_round_trips_reconnects_and_epoch_ahead_claims_are_measured() {
+    let srv = start(test_config()).await;
+    let page = || async {
+        reqwest::get(format!("http://{}/metrics", srv.addr))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    // The recorder is process-wide (other tests run beside this one): compare before and after.
+    let before = page().await;
+    let mut a = Raw::join(
+        srv.addr,
+        "obs",
+        &join_token(&srv.app_key, "obs", "alice", true),
+        None,
+    )
+    .await;
+    let g = wait_host(&mut a).await; // answered a probe: one round trip measured
+    let ahead = Epoch(g.epoch.0 + 5);
+    let o = cmd(&mut a, "far", "poll.open", Some(ahead), &g.host).await;
+    assert_eq!(rejected(&o).0, RejectCode::StaleEpoch);
+    let mut b = Raw::join(
+        srv.addr,
+        "obs",
+        &join_token(&srv.app_key, "obs", "bob", false),
+        Some(0),
+    )
+    .await;
+    b.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    let after = page().await;
+    for name in [
+        "hostlease_probe_rtt_seconds_count",
+        "hostlease_epoch_ahead_claims_total",
+        "hostlease_reconnects_total",
+    ] {
+        assert!(
+            metric(&after, name) >= metric(&before, name) + 1.0,
+            "{name} did not move:\n{after}"
+        );
+    }
+}
