@@ -357,3 +357,85 @@ fn op() -> impl Strategy<Value = Op> {
         ].prop_map(Op::Reject),
     ]
 }
+
+/// A member drawn from a few ids, sessions and join seqs, so that frames collide often.
+fn presence_member() -> impl Strategy<Value = Member> {
+    (0u8..5, 0u8..2, 0u64..4, any::<bool>()).prop_map(|(id, s, join_seq, may_host)| Member {
+        id: pid(&format!("m{id}")),
+        session: sid(&format!("m{id}-s{s}")),
+        name: format!("M{id}"),
+        join_seq,
+        may_host,
+    })
+}
+
+/// Everything a welcome leads to: the events, and the view's cursor and members after it.
+fn after_welcome(missed: Vec<Item>, snap_seq: u64) -> (Vec<Event>, Seq) {
+    let mut v = connected("zz");
+    let a = Assignment {
+        seq: Seq(0),
+        ..assignment(1, 0, Some("a"))
+    };
+    let snap = Snapshot {
+        seq: Seq(snap_seq),
+        ..snapshot(a, vec![member("a", 1)], None)
+    };
+    v.handle_server(at(4), welcome("zz", snap, missed));
+    let (_, ev) = drain(&mut v);
+    (ev, v.cursor())
+}
+
+proptest! {
+    /// Presence frames keep `members` equal to the plain model: drop every entry of the member's
+    /// session, add it back if online, sort into election order.
+    #[test]
+    fn presence_frames_keep_members_as_the_model_does(
+        start in prop::collection::vec(presence_member(), 0..8),
+        frames in prop::collection::vec((presence_member(), any::<bool>()), 0..40),
+    ) {
+        let mut v = connected("zz");
+        v.handle_server(
+            at(10),
+            welcome("zz", snapshot(assignment(1, 1, Some("m0")), start.clone(), None), vec![]),
+        );
+        let mut model = start;
+        sort_members(&mut model);
+        prop_assert_eq!(v.members(), &model[..]);
+        for (i, (member, online)) in frames.into_iter().enumerate() {
+            model.retain(|m| !(m.id == member.id && m.session == member.session));
+            if online {
+                model.push(member.clone());
+                sort_members(&mut model);
+            }
+            v.handle_server(at(11 + i as u64), ServerMsg::Presence { member, online });
+            prop_assert_eq!(v.members(), &model[..]);
+        }
+    }
+
+    /// A welcome's replay in any order, repeats included (each repeat with its own payload), has
+    /// the effect of the same replay sorted by seq with one copy per seq (stably chosen).
+    #[test]
+    fn a_replay_in_any_order_acts_as_the_sorted_replay(
+        seqs in prop::collection::vec(1u64..30, 0..40),
+        snap_seq in 0u64..30,
+    ) {
+        let item = |(i, s): (usize, &u64)| {
+            let mut e = event(*s, 1, "a");
+            e.payload = json!(i);
+            Item::Event(e)
+        };
+        let shuffled: Vec<Item> = seqs.iter().enumerate().map(item).collect();
+        // The same replay sorted, one copy per seq: up to the snapshot the first to arrive is
+        // applied (later ones are repeats), past it the last one buffered stands.
+        let mut once: Vec<Item> = Vec::new();
+        for it in &shuffled {
+            match once.iter().position(|x| x.seq() == it.seq()) {
+                Some(i) if it.seq().0 > snap_seq => once[i] = it.clone(),
+                Some(_) => {}
+                None => once.push(it.clone()),
+            }
+        }
+        once.sort_by_key(Item::seq);
+        prop_assert_eq!(after_welcome(shuffled, snap_seq), after_welcome(once, snap_seq));
+    }
+}

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::backoff::{Backoff, Entropy, SplitMix64};
 use super::error::CommandError;
-use super::order::{provisional_coordinator, sort_members};
+use super::order::{election_cmp, provisional_coordinator, sort_members};
 use super::time::Instant;
 use crate::protocol::{
     Action, ActionKind, ActionTable, Assignment, ClientMsg, Epoch, ErrorCode, Gap, IdempotencyKey,
@@ -633,11 +633,16 @@ impl HostView {
                 }
             }
             ServerMsg::Presence { member, online } => {
+                // `members` stays in election order: the member's entry is found by binary
+                // search and a newcomer inserted in place (a frame per join or leave in a room of
+                // a thousand used to sort the whole list).
                 self.members
                     .retain(|m| !(m.id == member.id && m.session == member.session));
                 if online {
-                    self.members.push(member);
-                    sort_members(&mut self.members);
+                    let at = self
+                        .members
+                        .partition_point(|m| election_cmp(m, &member).is_lt());
+                    self.members.insert(at, member);
                 }
                 self.events.push_back(Event::MembersChanged);
             }
@@ -705,9 +710,15 @@ impl HostView {
             }
         }
         let asked = self.resume_asked.take();
-        let mut missed = missed;
-        missed.sort_by_key(Item::seq);
+        // Into seq order, stably (a repeated seq keeps its arrival order). Replays come sorted,
+        // so each insert lands at the end; a reversed replay of `MAX_REPLAY` items costs one
+        // memmove per item, and spares the wasm a second sort implementation.
+        let mut sorted: Vec<Item> = Vec::with_capacity(missed.len());
         for item in missed {
+            let at = sorted.partition_point(|x| x.seq() <= item.seq());
+            sorted.insert(at, item);
+        }
+        for item in sorted {
             if item.seq() > snapshot.seq {
                 // Past the snapshot point: treat like a stream item.
                 self.buffer_item(item);
