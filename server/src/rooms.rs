@@ -60,6 +60,26 @@ pub struct Room {
 }
 
 impl Room {
+    /// A hub not yet loaded, with one user (its creator).
+    fn new(id: RoomId, genesis: SignedAssignment) -> Self {
+        Room {
+            id,
+            state: Mutex::new(RoomState {
+                current: genesis,
+                seq: Seq::ZERO,
+                members: Vec::new(),
+                conns: HashMap::new(),
+                next_join: 1,
+                closed: false,
+            }),
+            tx: broadcast::channel(4096).0,
+            decide: tokio::sync::Mutex::new(()),
+            published: Notify::new(),
+            users: AtomicUsize::new(1),
+            loaded: tokio::sync::OnceCell::new(),
+        }
+    }
+
     pub fn members(&self) -> Vec<Member> {
         self.state.lock().expect("room lock").members.clone()
     }
@@ -175,22 +195,10 @@ impl App {
                 }
                 None if map.len() >= self.cfg.max_rooms => return Ok(None),
                 None => {
-                    let hub = Arc::new(Room {
-                        id: room.clone(),
-                        state: Mutex::new(RoomState {
-                            current: self.genesis(room, crate::tokens::now_ms()),
-                            seq: Seq::ZERO,
-                            members: Vec::new(),
-                            conns: HashMap::new(),
-                            next_join: 1,
-                            closed: false,
-                        }),
-                        tx: broadcast::channel(4096).0,
-                        decide: tokio::sync::Mutex::new(()),
-                        published: Notify::new(),
-                        users: AtomicUsize::new(1),
-                        loaded: tokio::sync::OnceCell::new(),
-                    });
+                    let hub = Arc::new(Room::new(
+                        room.clone(),
+                        self.genesis(room, crate::tokens::now_ms()),
+                    ));
                     map.insert(room.clone(), hub.clone());
                     metrics::gauge!("hostlease_rooms").set(map.len() as f64);
                     hub
@@ -542,5 +550,86 @@ async fn sweeper(app: Arc<App>) {
         }
         metrics::gauge!("hostlease_connections")
             .set(app.connections.load(Ordering::Relaxed) as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SqliteStore;
+    use hostlease::protocol::{Action, RoomEvent};
+
+    fn snapshot_of(hub: &Room) -> (Seq, SignedAssignment) {
+        let st = hub.state.lock().unwrap();
+        (st.seq, st.current.clone())
+    }
+
+    /// A hub enters the map before its row is read, so the publisher may apply items first; the
+    /// load must keep whichever is newer, the row or what was published.
+    #[tokio::test]
+    async fn a_new_hub_keeps_the_newer_of_its_row_and_what_was_published_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
+            .await
+            .unwrap();
+        let join = Verifier::from_keys(&[Keypair::generate("app").public()]).unwrap();
+        let app = App::new(
+            Config::default(),
+            Arc::new(store),
+            Keypair::generate("srv"),
+            join,
+            None,
+        );
+        let room = RoomId::new("merge").unwrap();
+        let holder = (
+            ParticipantId::new("alice").unwrap(),
+            SessionId::new("s-alice").unwrap(),
+        );
+        let req = GrantReq {
+            room: room.clone(),
+            expected_epoch: Epoch::ZERO,
+            holder: Some(holder.clone()),
+            lease_ms: 60_000,
+            reason: Reason::Elected,
+            require_lapsed: false,
+            close: false,
+        };
+        let GrantOutcome::Won {
+            assignment: row, ..
+        } = app.store.grant(req, &app.keys).await.unwrap()
+        else {
+            panic!("the first grant wins");
+        };
+        assert_eq!(row.assignment.seq, Seq(1));
+        let fresh = || Room::new(room.clone(), app.genesis(&room, 0));
+
+        // Nothing published before the read: the row.
+        let hub = fresh();
+        app.load(&hub).await.unwrap();
+        assert_eq!(snapshot_of(&hub), (Seq(1), row.clone()));
+
+        // An event published before the read finished: its seq stands, the row's assignment too.
+        let hub = fresh();
+        hub.publish(Item::Event(RoomEvent {
+            seq: Seq(2),
+            epoch: Epoch(1),
+            actor: holder.0.clone(),
+            action: Action::new("poll.open").unwrap(),
+            payload: serde_json::json!({}),
+            at: ServerTime(0),
+        }));
+        app.load(&hub).await.unwrap();
+        assert_eq!(snapshot_of(&hub), (Seq(2), row.clone()));
+
+        // An assignment newer than the row, published first: it stands.
+        let hub = fresh();
+        let newer = app.keys.sign_assignment(Assignment {
+            epoch: Epoch(2),
+            seq: Seq(3),
+            ..row.assignment.clone()
+        });
+        hub.publish(Item::Assignment(newer.clone()));
+        app.load(&hub).await.unwrap();
+        assert_eq!(snapshot_of(&hub), (Seq(3), newer));
     }
 }
