@@ -218,11 +218,11 @@ impl App {
             return Ok(());
         };
         let mut st = hub.state.lock().expect("room lock");
-        let current = row
-            .current
-            .unwrap_or_else(|| self.genesis(&hub.id, row.now));
-        if current.assignment.seq >= st.current.assignment.seq {
-            st.current = current;
+        // A room never granted keeps the hub's genesis assignment (seq 0).
+        if let Some(current) = row.current {
+            if current.assignment.seq >= st.current.assignment.seq {
+                st.current = current;
+            }
         }
         st.seq = st.seq.max(row.seq);
         st.closed |= row.closed;

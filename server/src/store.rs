@@ -223,7 +223,7 @@ pub struct SqliteStore {
     /// (up to 100 ms a try) and so let a lease renewal lose to a stream of joins and commands
     /// until the lease lapsed under load. Other processes on the file still meet the busy handler.
     writer: SqlitePool,
-    /// Commands and renewals, committed in groups through `writer`.
+    /// Commands, renewals and participant records, committed in groups through `writer`.
     group: GroupCommit,
     /// Keep outbox rows until their webhook is delivered (set when a webhook is configured).
     pub keep_for_webhook: bool,
@@ -607,38 +607,26 @@ impl Job {
     fn not_run(self) -> Answer {
         let e = || StoreError("not run".into());
         match self {
-            Job::Command { reply, .. } => Answer::Command(reply, Box::new(Err(e()))),
-            Job::Renew { reply, .. } => Answer::Renew(reply, Err(e())),
-            Job::Remember { reply, .. } => Answer::Done(reply, Err(e())),
+            Job::Command { reply, .. } => answer(reply, Err(e())),
+            Job::Renew { reply, .. } => answer(reply, Err(e())),
+            Job::Remember { reply, .. } => answer(reply, Err(e())),
         }
     }
 }
 
-/// A job's answer, held until the group's commit.
-enum Answer {
-    Command(Reply<CommandDone>, Box<StoreResult<CommandDone>>),
-    Renew(Reply<Option<(u64, u64)>>, StoreResult<Option<(u64, u64)>>),
-    Done(Reply<()>, StoreResult<()>),
-}
+/// A job's answer, held until the group's transaction ends: called with `None` once it
+/// committed (the job's own result goes out), or with the reason it did not (that goes out
+/// instead). A caller that went away no longer wants it; an accepted command stays accepted, and
+/// a retry with its idempotency key replays it.
+type Answer = Box<dyn FnOnce(Option<&str>) + Send>;
 
-impl Answer {
-    fn send(self) {
-        // A caller that went away (its connection closed) no longer wants the answer; an accepted
-        // command stays accepted, and a retry with its idempotency key replays it.
-        match self {
-            Answer::Command(tx, r) => drop(tx.send(*r)),
-            Answer::Renew(tx, r) => drop(tx.send(r)),
-            Answer::Done(tx, r) => drop(tx.send(r)),
-        }
-    }
-
-    fn fail(self, why: &str) {
-        match self {
-            Answer::Command(tx, _) => drop(tx.send(Err(StoreError(why.to_string())))),
-            Answer::Renew(tx, _) => drop(tx.send(Err(StoreError(why.to_string())))),
-            Answer::Done(tx, _) => drop(tx.send(Err(StoreError(why.to_string())))),
-        }
-    }
+fn answer<T: Send + 'static>(reply: Reply<T>, result: StoreResult<T>) -> Answer {
+    Box::new(move |failed| {
+        let _ = reply.send(match failed {
+            None => result,
+            Some(why) => Err(StoreError(why.to_string())),
+        });
+    })
 }
 
 /// Hot-path writes of this process (commands, lease renewals, first sightings of participants)
@@ -691,13 +679,13 @@ async fn group_committer(
         match committed {
             Ok(()) => {
                 commits.fetch_add(1, Ordering::Relaxed);
-                answers.into_iter().for_each(Answer::send);
+                answers.into_iter().for_each(|a| a(None));
             }
             Err(e) => {
                 tracing::warn!(error = %e, decisions = answers.len(), "group commit failed");
                 answers
                     .into_iter()
-                    .for_each(|a| a.fail("storage unavailable"));
+                    .for_each(|a| a(Some("storage unavailable")));
             }
         }
     }
@@ -732,26 +720,24 @@ async fn run_group(
         }
         let (answer, keep) = match job {
             Job::Command { req, signer, reply } => {
-                match command_in_tx(&mut tx, &req, &signer).await {
-                    Ok((done, keep)) => (Answer::Command(reply, Box::new(Ok(done))), keep),
-                    Err(e) => (Answer::Command(reply, Box::new(Err(e))), false),
-                }
+                let r = command_in_tx(&mut tx, &req, &signer).await;
+                let keep = matches!(r, Ok((_, true)));
+                (answer(reply, r.map(|(done, _)| done)), keep)
             }
-            Job::Renew { renewal, reply } => match renew_in_tx(&mut tx, &renewal).await {
-                Ok(r) => {
-                    let keep = r.is_some();
-                    (Answer::Renew(reply, Ok(r)), keep)
-                }
-                Err(e) => (Answer::Renew(reply, Err(e)), false),
-            },
+            Job::Renew { renewal, reply } => {
+                let r = renew_in_tx(&mut tx, &renewal).await;
+                let keep = matches!(r, Ok(Some(_)));
+                (answer(reply, r), keep)
+            }
             Job::Remember {
                 room,
                 participant,
                 reply,
-            } => match remember_in_tx(&mut tx, &room, &participant).await {
-                Ok(()) => (Answer::Done(reply, Ok(())), true),
-                Err(e) => (Answer::Done(reply, Err(e)), false),
-            },
+            } => {
+                let r = remember_in_tx(&mut tx, &room, &participant).await;
+                let keep = r.is_ok();
+                (answer(reply, r), keep)
+            }
         };
         answers.push(answer);
         let undo = if keep {

@@ -843,8 +843,8 @@ pub fn command(
                         metrics::counter!("hostlease_epoch_ahead_claims_total").increment(1);
                     }
                 }
-                if !done.replayed {
-                    app.committed.notify_one();
+                if !done.replayed && matches!(done.outcome, Outcome::Accepted { .. }) {
+                    app.committed.notify_one(); // something new in the outbox
                 }
                 if let Some(a) = &done.assignment {
                     crate::rooms::log_reassign(old_host.as_ref(), &a.assignment, &correlation_id());
