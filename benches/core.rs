@@ -8,7 +8,6 @@ use std::time::Instant as Clock;
 
 use hostlease::core::{Config, HostView, Instant};
 use hostlease::protocol::*;
-use serde_json::json;
 
 const RUNS: usize = 7;
 
@@ -50,7 +49,7 @@ fn event(seq: u64) -> RoomEvent {
         epoch: Epoch(1),
         actor: pid("p1"),
         action: Action::new("vote").unwrap(),
-        payload: json!(seq % 4),
+        payload: Json::parse(&(seq % 4).to_string()).unwrap(),
         at: ServerTime(seq),
     }
 }

@@ -228,10 +228,10 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 v.handle_wake(at(now));
             }
             Op::HostCommand => {
-                let _ = v.command(at(now), action("poll.open"), json!(now), None);
+                let _ = v.command(at(now), action("poll.open"), js(json!(now)), None);
             }
             Op::Vote => {
-                let _ = v.command(at(now), action("vote"), json!(now), None);
+                let _ = v.command(at(now), action("vote"), js(json!(now)), None);
             }
             Op::Resign => {
                 let _ = v.resign(at(now));
@@ -421,7 +421,7 @@ proptest! {
     ) {
         let item = |(i, s): (usize, &u64)| {
             let mut e = event(*s, 1, "a");
-            e.payload = json!(i);
+            e.payload = js(json!(i));
             Item::Event(e)
         };
         let shuffled: Vec<Item> = seqs.iter().enumerate().map(item).collect();

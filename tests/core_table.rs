@@ -44,7 +44,7 @@ fn confirm_lease(v: &mut HostView, epoch: u64, echo_at: u64, confirm_at: u64, re
 }
 
 fn host_command(v: &mut HostView, ms: u64) -> Result<IdempotencyKey, CommandError> {
-    v.command(at(ms), action("poll.open"), json!({"q": "?"}), None)
+    v.command(at(ms), action("poll.open"), js(json!({"q": "?"})), None)
 }
 
 // ----- stale drop ---------------------------------------------------------------------------
@@ -169,9 +169,9 @@ fn input_before_the_snapshot_is_buffered_and_applied_once_in_order() {
 fn a_seq_buffered_twice_keeps_the_copy_that_came_last() {
     let mut v = connected("b");
     let mut first = event(5, 2, "a");
-    first.payload = json!("first");
+    first.payload = js(json!("first"));
     let mut second = event(5, 2, "a");
-    second.payload = json!("second");
+    second.payload = js(json!("second"));
     for e in [event(7, 2, "a"), first, event(6, 2, "a"), second] {
         server(&mut v, 1, ServerMsg::Event(e));
     }
@@ -186,7 +186,7 @@ fn a_seq_buffered_twice_keeps_the_copy_that_came_last() {
             _ => None,
         })
         .collect();
-    assert_eq!(payloads[0], json!("second"));
+    assert_eq!(payloads[0], js(json!("second")));
 }
 
 #[test]
@@ -485,7 +485,7 @@ fn transfer_names_the_target() {
     v.transfer(at(200), &pid("c")).unwrap();
     let (t, _) = drain(&mut v);
     assert!(
-        matches!(&t[..], [ClientMsg::Command { payload, .. }] if payload == &json!({"to": "c"}))
+        matches!(&t[..], [ClientMsg::Command { payload, .. }] if payload == &js(json!({"to": "c"})))
     );
     assert!(!v.has_authority(at(201)));
 }
@@ -557,7 +557,7 @@ fn host_command_gating_reports_typed_errors() {
     let mut v = live("b", "a", 2);
     assert_eq!(host_command(&mut v, 20), Err(CommandError::NotHost));
     assert_eq!(
-        v.command(at(20), action("nope"), json!(null), None),
+        v.command(at(20), action("nope"), js(json!(null)), None),
         Err(CommandError::UnknownAction)
     );
     // Named host, lease confirmed, but no token for this epoch.
@@ -626,7 +626,7 @@ fn participant_commands_made_offline_are_queued_and_sent_after_resync_host_comma
     v.handle_disconnected(at(20));
     drain(&mut v);
     let key = v
-        .command(at(21), action("vote"), json!({"o": 1}), None)
+        .command(at(21), action("vote"), js(json!({"o": 1})), None)
         .unwrap();
     assert_eq!(
         host_command(&mut v, 21),
@@ -721,7 +721,9 @@ fn unanswered_commands_are_resent_with_the_same_key_then_time_out() {
     );
     v.handle_server(at(1), participant_cap());
     drain(&mut v);
-    let key = v.command(at(2), action("vote"), json!(1), None).unwrap();
+    let key = v
+        .command(at(2), action("vote"), js(json!(1)), None)
+        .unwrap();
     let mut sent = 0;
     let mut now = 2;
     for _ in 0..10 {
@@ -747,7 +749,9 @@ fn unanswered_commands_are_resent_with_the_same_key_then_time_out() {
 #[test]
 fn rate_limited_commands_wait_at_least_retry_after() {
     let mut v = live("b", "a", 2);
-    let key = v.command(at(20), action("vote"), json!(1), None).unwrap();
+    let key = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
     drain(&mut v);
     let outcome = Outcome::Rejected {
         code: RejectCode::RateLimited,
@@ -774,10 +778,10 @@ fn rate_limited_commands_wait_at_least_retry_after() {
 fn idempotency_conflict_is_reported() {
     let mut v = live("b", "a", 2);
     let key = IdempotencyKey::new("my-key").unwrap();
-    v.command(at(20), action("vote"), json!(1), Some(key.clone()))
+    v.command(at(20), action("vote"), js(json!(1)), Some(key.clone()))
         .unwrap();
     assert_eq!(
-        v.command(at(21), action("vote"), json!(2), Some(key.clone())),
+        v.command(at(21), action("vote"), js(json!(2)), Some(key.clone())),
         Err(CommandError::IdempotencyConflict)
     );
     let outcome = Outcome::Rejected {
@@ -829,7 +833,9 @@ fn a_host_command_interrupted_by_a_disconnect_is_not_replayed_in_a_new_session()
 #[test]
 fn leave_fails_pending_commands_and_closes() {
     let mut v = live("b", "a", 2);
-    let key = v.command(at(20), action("vote"), json!(1), None).unwrap();
+    let key = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
     v.leave(at(21));
     let (t, ev) = drain(&mut v);
     assert_eq!(t.last(), Some(&ClientMsg::Leave));
@@ -839,7 +845,7 @@ fn leave_fails_pending_commands_and_closes() {
     }));
     assert_eq!(v.phase(), Phase::Closed);
     assert_eq!(
-        v.command(at(22), action("vote"), json!(1), None),
+        v.command(at(22), action("vote"), js(json!(1)), None),
         Err(CommandError::Closed)
     );
 }
@@ -850,10 +856,12 @@ fn the_command_limit_is_enforced() {
         command_limit: 2,
         ..config()
     });
-    v.command(at(0), action("vote"), json!(1), None).unwrap();
-    v.command(at(0), action("vote"), json!(2), None).unwrap();
+    v.command(at(0), action("vote"), js(json!(1)), None)
+        .unwrap();
+    v.command(at(0), action("vote"), js(json!(2)), None)
+        .unwrap();
     assert_eq!(
-        v.command(at(0), action("vote"), json!(3), None),
+        v.command(at(0), action("vote"), js(json!(3)), None),
         Err(CommandError::QueueFull)
     );
 }

@@ -9,7 +9,7 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 
 use common::*;
 use hostlease::protocol::codec::{
-    decode_body, signing_bytes, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_SERVER_FRAME,
+    decode_body, encode_body, signing_bytes, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_SERVER_FRAME,
 };
 use hostlease::protocol::*;
 use proptest::prelude::*;
@@ -90,7 +90,7 @@ fn server_messages() -> Vec<ServerMsg> {
         ServerMsg::Signal {
             from: pid("a"),
             from_session: sid("a-s"),
-            data: json!({"sdp": "v=0", "type": "offer"}),
+            data: js(json!({"sdp": "v=0", "type": "offer"})),
         },
         ServerMsg::Error {
             code: ErrorCode::RateLimited,
@@ -117,21 +117,21 @@ fn client_messages() -> Vec<ClientMsg> {
         ClientMsg::Command {
             id: IdempotencyKey::new("abc").unwrap(),
             action: action("poll.open"),
-            payload: json!({"question": "Lunch?", "options": ["pizza", "soup"]}),
+            payload: js(json!({"question": "Lunch?", "options": ["pizza", "soup"]})),
             epoch: Some(Epoch(3)),
             capability: Token::new("cap"),
         },
         ClientMsg::Command {
             id: IdempotencyKey::new("abd").unwrap(),
             action: action("vote"),
-            payload: json!(1),
+            payload: js(json!(1)),
             epoch: None,
             capability: Token::new("cap"),
         },
         ClientMsg::Signal {
             to: pid("b"),
             to_session: Some(sid("b-s")),
-            data: json!({"ice": "x"}),
+            data: js(json!({"ice": "x"})),
         },
     ]
 }
@@ -156,7 +156,7 @@ fn every_client_message_round_trips() {
 #[test]
 fn http_bodies_round_trip() {
     let snap = snapshot(assignment(2, 4, Some("a")), vec![member("a", 1)], None);
-    let text = serde_json::to_string(&snap).unwrap();
+    let text = encode_body(&snap);
     assert_eq!(
         decode_body::<Snapshot>(&text, MAX_SERVER_FRAME).unwrap(),
         snap
@@ -164,10 +164,10 @@ fn http_bodies_round_trip() {
 
     let req = CommandRequest {
         action: action("vote"),
-        payload: json!({"o": 1}),
+        payload: js(json!({"o": 1})),
         epoch: None,
     };
-    let text = serde_json::to_string(&req).unwrap();
+    let text = encode_body(&req);
     assert_eq!(
         decode_body::<CommandRequest>(&text, MAX_CLIENT_FRAME).unwrap(),
         req
@@ -181,7 +181,7 @@ fn http_bodies_round_trip() {
             retry_after_ms: None,
         },
     ] {
-        let text = serde_json::to_string(&outcome).unwrap();
+        let text = encode_body(&outcome);
         assert_eq!(
             decode_body::<Outcome>(&text, MAX_CLIENT_FRAME).unwrap(),
             outcome
@@ -195,7 +195,7 @@ fn http_bodies_round_trip() {
         }],
         next: Some(2),
     };
-    let text = serde_json::to_string(&page).unwrap();
+    let text = encode_body(&page);
     assert_eq!(
         decode_body::<InboxPage>(&text, MAX_SERVER_FRAME).unwrap(),
         page
@@ -208,7 +208,7 @@ fn http_bodies_round_trip() {
             x: "AAAA".into(),
         }],
     };
-    let text = serde_json::to_string(&keys).unwrap();
+    let text = encode_body(&keys);
     assert_eq!(
         decode_body::<KeySet>(&text, MAX_SERVER_FRAME).unwrap(),
         keys
@@ -372,7 +372,96 @@ fn signing_bytes_are_exact() {
     );
 }
 
+/// JSON leaves, valid and not, for texts at the edge of the grammar.
+const LEAVES: &[&str] = &[
+    "\"a\"",
+    "\"\"",
+    "\"\\u00e9\"",
+    "\"\\ud83d\\ude00\"",
+    "\"\\ud800\"",
+    "\"\\udc00x\"",
+    "\"\\ud800\\u0041\"",
+    "\"\\x\"",
+    "\"\\n\\/\\b\"",
+    "\"é😀\"",
+    "\"\t\"",
+    "\"\u{7f}\"",
+    "\"",
+    "\"\\u12\"",
+    "0",
+    "-0",
+    "01",
+    "-01",
+    "12",
+    "-",
+    "1.5",
+    "1.",
+    ".5",
+    "2e9",
+    "1E-3",
+    "1e+",
+    "-1.0e-0",
+    "18446744073709551616",
+    "true",
+    "false",
+    "null",
+    "nul",
+    "tru",
+    "x",
+    "NaN",
+    " 7 ",
+    "\n",
+    "",
+];
+
+/// Arrays and objects of [`LEAVES`], mostly well formed: separators are sometimes doubled,
+/// missing or trailing.
+fn near_json() -> impl Strategy<Value = String> {
+    let leaf = (0..LEAVES.len()).prop_map(|i| LEAVES[i].to_string());
+    let sep = prop_oneof![8 => Just(","), 1 => Just(",,"), 1 => Just(""), 1 => Just(" , ")];
+    leaf.prop_recursive(4, 32, 4, move |inner| {
+        let entries = prop::collection::vec((inner, sep.clone(), any::<bool>()), 0..4);
+        (entries, any::<bool>(), 0..4u8).prop_map(|(entries, object, close)| {
+            let mut out = String::from(if object { "{" } else { "[" });
+            for (i, (value, sep, colon)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(sep);
+                }
+                if object {
+                    out.push_str(if *colon { "\"k\":" } else { "\"k\"" });
+                }
+                out.push_str(value);
+            }
+            if close > 0 {
+                out.push_str(if object { "}" } else { "]" });
+            }
+            out
+        })
+    })
+}
+
 proptest! {
+
+    /// `Json::parse` accepts exactly the texts serde_json accepts (numbers stay within what an
+    /// `f64` holds: serde_json refuses `1e400`, this only checks the grammar).
+    #[test]
+    fn payload_grammar_matches_serde_json(text in near_json()) {
+        let ours = Json::parse(&text).is_ok();
+        let theirs = serde_json::from_str::<serde_json::Value>(&text).is_ok();
+        prop_assert_eq!(ours, theirs, "{:?}", text);
+    }
+
+    /// Strings are written byte for byte as serde_json writes them, and read back.
+    #[test]
+    fn strings_are_escaped_as_serde_json_does(s in "\\PC{0,40}|[\\x00-\\x20\"\\\\/]{0,10}") {
+        let id = Member { name: s.clone(), ..member("a", 1) };
+        let text = encode_body(&id);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        prop_assert_eq!(v["name"].as_str(), Some(s.as_str()));
+        prop_assert_eq!(&text[text.find("\"name\":").unwrap() + 7..text.find(",\"join_seq\"").unwrap()],
+            serde_json::to_string(&s).unwrap());
+        prop_assert_eq!(decode_body::<Member>(&text, MAX_SERVER_FRAME).unwrap().name, s);
+    }
 
     /// The decoders never panic on arbitrary text.
     #[test]
@@ -439,7 +528,7 @@ fn tagged_bodies_decode_with_the_tag_anywhere() {
         Item::Event(event(6, 2, "b")),
     ];
     for item in items {
-        let text = serde_json::to_string(&item).unwrap();
+        let text = encode_body(&item);
         assert!(text.starts_with("{\"kind\":"), "{text}");
         for order in key_orders(&text) {
             assert_eq!(decode_body::<Item>(&order, MAX_SERVER_FRAME).unwrap(), item);
@@ -454,7 +543,7 @@ fn tagged_bodies_decode_with_the_tag_anywhere() {
         },
     ];
     for outcome in outcomes {
-        let text = serde_json::to_string(&outcome).unwrap();
+        let text = encode_body(&outcome);
         for order in key_orders(&text) {
             assert_eq!(
                 decode_body::<Outcome>(&order, MAX_CLIENT_FRAME).unwrap(),
@@ -575,7 +664,7 @@ fn signed_assignments_read_their_flattened_fields() {
         kid: Some(KeyId::new("k1").unwrap()),
         sig: Some("c2ln".into()),
     };
-    let text = serde_json::to_string(&signed).unwrap();
+    let text = encode_body(&signed);
     for order in key_orders(&text) {
         assert_eq!(
             decode_body::<SignedAssignment>(&order, MAX_CLIENT_FRAME).unwrap(),
@@ -583,7 +672,7 @@ fn signed_assignments_read_their_flattened_fields() {
         );
     }
     // kid and sig may be absent; the assignment's fields may not.
-    let unsigned = serde_json::to_string(&a).unwrap();
+    let unsigned = encode_body(&a);
     assert_eq!(
         decode_body::<SignedAssignment>(&unsigned, MAX_CLIENT_FRAME).unwrap(),
         SignedAssignment::from(a)

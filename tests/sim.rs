@@ -27,7 +27,7 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
-use common::{action, pid, room};
+use common::{action, js, pid, room, value};
 use hostlease::core::*;
 use hostlease::protocol::*;
 use serde_json::json;
@@ -447,7 +447,7 @@ impl Model {
         &mut self,
         sid: &SessionId,
         action: &Action,
-        payload: &serde_json::Value,
+        payload: &Json,
         epoch: Option<Epoch>,
         cap: &Token,
         now: u64,
@@ -505,8 +505,8 @@ impl Model {
             match action.as_str() {
                 ACTION_RESIGN => self.grant(now, Some(&sid.clone()), Reason::Resigned),
                 ACTION_TRANSFER => {
-                    let to = payload["to"]
-                        .as_str()
+                    let to = payload
+                        .get_str("to")
                         .and_then(|s| ParticipantId::new(s).ok());
                     let target = self
                         .members
@@ -529,13 +529,13 @@ impl Model {
         sid: &SessionId,
         id: IdempotencyKey,
         action: Action,
-        payload: serde_json::Value,
+        payload: Json,
         epoch: Option<Epoch>,
         cap: Token,
         now: u64,
     ) {
         let sender = self.sessions[sid].pid.clone();
-        let hash = format!("{action}|{payload}|{epoch:?}");
+        let hash = format!("{action}|{}|{epoch:?}", payload.as_str());
         let key = (sender, id.clone());
         let outcome = match self.idem.get(&key) {
             Some((h, o)) if *h == hash => o.clone(),
@@ -937,7 +937,7 @@ impl Sim {
                 let _ = self.clients[i].view.command(
                     local,
                     action("poll.open"),
-                    json!({ "at": self.now }),
+                    js(json!({ "at": self.now })),
                     None,
                 );
             }
@@ -945,7 +945,7 @@ impl Sim {
                 if let Ok(id) = self.clients[i].view.command(
                     local,
                     action("vote"),
-                    json!({ "by": i, "at": self.now }),
+                    js(json!({ "by": i, "at": self.now })),
                     None,
                 ) {
                     self.clients[i].votes.insert(id);
@@ -1160,7 +1160,10 @@ impl Sim {
             if let Item::Event(e) = item {
                 if e.action.as_str() == "vote" {
                     *counted
-                        .entry((e.actor.to_string(), e.payload["at"].as_u64().unwrap()))
+                        .entry((
+                            e.actor.to_string(),
+                            value(&e.payload)["at"].as_u64().unwrap(),
+                        ))
                         .or_default() += 1;
                 }
             }

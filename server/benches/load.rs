@@ -492,7 +492,8 @@ fn publish_step(view: &mut HostView, st: &mut Local, action: &Action) {
             "poll": st.k,
             "question": format!("Benchmark question {}: which option do you prefer?", st.k),
             "options": ["alpha", "beta", "gamma", "delta"],
-        });
+        })
+        .into();
         match view.command(core_now(), action.clone(), payload, None) {
             Ok(_) => {
                 st.to_publish -= 1;
@@ -1273,18 +1274,20 @@ async fn commits(dir: &Path) -> Commits {
             exp: hostlease_server::tokens::now_ms() + 3_600_000,
             kid: keys.kid.clone(),
         };
-        let command_req = |key: u64| CommandReq {
+        let command_req = |key: u64| {
+            CommandReq {
             room: room.clone(),
             sender: sub.clone(),
             sender_session: Some(sid.clone()),
             claims: claims.clone(),
             kind: ActionKind::Host,
             action: Action::new("poll.open").unwrap(),
-            payload: json!({"poll": key, "question": "Which option do you prefer?", "options": ["alpha", "beta", "gamma", "delta"]}),
+            payload: json!({"poll": key, "question": "Which option do you prefer?", "options": ["alpha", "beta", "gamma", "delta"]}).into(),
             epoch: Some(row.epoch),
             key: IdempotencyKey::new(format!("k{key}")).unwrap(),
             next_holder: None,
             lease_ms: 600_000,
+        }
         };
         let t = std::time::Instant::now();
         let mut n = 0;

@@ -17,8 +17,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hostlease::protocol::json::ToJson;
 use hostlease::protocol::{
-    codec::{decode_body, MAX_CLIENT_FRAME},
+    codec::{decode_body, encode_body, MAX_CLIENT_FRAME},
     CommandRequest, IdempotencyKey, InboxPage, KeySet, Outcome, ParticipantId, Reason, RejectCode,
     RoomId, Token,
 };
@@ -183,7 +184,7 @@ async fn snapshot(State(app): State<Arc<App>>, Path(room): Path<String>) -> Resp
     };
     let snap = app.snapshot(&hub, None);
     app.release(&hub).await;
-    Json(snap).into_response()
+    json_body(&snap)
 }
 
 async fn command(
@@ -244,7 +245,7 @@ async fn command(
             _ => StatusCode::CONFLICT,
         },
     };
-    (status, Json(outcome)).into_response()
+    (status, json_body(&outcome)).into_response()
 }
 
 #[derive(Deserialize)]
@@ -282,7 +283,7 @@ async fn inbox(
             } else {
                 None
             };
-            Json(InboxPage { entries, next }).into_response()
+            json_body(&InboxPage { entries, next })
         }
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
     }
@@ -291,10 +292,9 @@ async fn inbox(
 /// Public keys are public: any origin may read them (see `browser_reads`), so that an app served
 /// from another origin than this server can verify relayed assignments with WebCrypto.
 async fn keys(State(app): State<Arc<App>>) -> Response {
-    Json(KeySet {
+    json_body(&KeySet {
         keys: vec![app.keys.public()],
     })
-    .into_response()
 }
 
 async fn healthz(State(app): State<Arc<App>>) -> Response {
@@ -406,7 +406,7 @@ async fn admin_reassign_in(
     let req = app.grant_req(hub, epoch, next, Reason::Admin, false);
     let res = app.grant(req, row.as_ref(), &correlation_id()).await;
     match res {
-        Ok(Some(a)) => Json(a).into_response(),
+        Ok(Some(a)) => json_body(&a),
         Ok(None) => (StatusCode::CONFLICT, "another commit won; retry").into_response(),
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
     }
@@ -570,9 +570,9 @@ async fn admin_close(
     app.direct(&hub, |_| true, || Direct::Close(frame.clone()));
     app.release(&hub).await;
     match res {
-        Ok(Some(a)) => Json(a).into_response(),
+        Ok(Some(a)) => json_body(&a),
         _ if closed_without_grant => {
-            Json(hub.state.lock().expect("room lock").current.clone()).into_response()
+            json_body(&hub.state.lock().expect("room lock").current.clone())
         }
         _ => (StatusCode::SERVICE_UNAVAILABLE, "could not close").into_response(),
     }
@@ -607,4 +607,14 @@ async fn dev_token(State(app): State<Arc<App>>, Json(req): Json<DevTokenReq>) ->
         kid: k.kid.clone(),
     };
     Json(serde_json::json!({ "token": k.sign_token(JOIN_PREFIX, &claims) })).into_response()
+}
+
+/// A protocol value as an `application/json` response (written by the protocol's own encoder,
+/// the one the SDK reads with).
+fn json_body<T: ToJson + ?Sized>(value: &T) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        encode_body(value),
+    )
+        .into_response()
 }

@@ -615,7 +615,7 @@ mod tests {
             epoch: Epoch(1),
             actor: holder.0.clone(),
             action: Action::new("poll.open").unwrap(),
-            payload: serde_json::json!({}),
+            payload: hostlease::protocol::Json::parse("{}").expect("an empty object"),
             at: ServerTime(0),
         }));
         app.load(&hub).await.unwrap();

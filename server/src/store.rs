@@ -13,12 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use hostlease::protocol::codec::{decode_body, encode_body};
+use hostlease::protocol::json::FromJson;
 use hostlease::protocol::{
-    Action, ActionKind, Assignment, Epoch, IdempotencyKey, InboxEntry, Item, Outcome,
-    ParticipantId, Reason, RejectCode, Role, RoomEvent, RoomId, Seq, ServerTime, SessionId,
-    SignedAssignment,
+    Action, ActionKind, Assignment, DecodeError, Epoch, IdempotencyKey, InboxEntry, Item, Json,
+    Outcome, ParticipantId, Reason, RejectCode, Role, RoomEvent, RoomId, Seq, ServerTime,
+    SessionId, SignedAssignment,
 };
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqliteConnection, SqlitePool};
@@ -117,7 +118,7 @@ pub struct CommandReq {
     pub claims: CapClaims,
     pub kind: ActionKind,
     pub action: Action,
-    pub payload: Value,
+    pub payload: Json,
     pub epoch: Option<Epoch>,
     pub key: IdempotencyKey,
     /// For `host.resign` / `host.transfer`: the next holder (chosen by the caller's election).
@@ -134,17 +135,23 @@ pub struct CommandDone {
     pub replayed: bool,
 }
 
+/// A value stored as JSON by [`encode_body`] (items, assignments, outcomes).
+fn stored<T: FromJson>(text: &str) -> Result<T, DecodeError> {
+    decode_body(text, usize::MAX)
+}
+
 /// The hash of a request stored with its idempotency key: SHA-256 over
-/// `action \n canonical-JSON(payload)` (keys sorted), identical for WebSocket and HTTP.
-pub fn request_hash(action: &Action, payload: &Value) -> String {
+/// `action \n canonical-JSON(payload)` (keys sorted, no whitespace), identical for WebSocket and
+/// HTTP. A payload serde_json cannot represent (a number beyond `f64`, which the protocol's
+/// grammar allows) is hashed as its text.
+pub fn request_hash(action: &Action, payload: &Json) -> String {
     let mut h = Sha256::new();
     h.update(action.as_str().as_bytes());
     h.update(b"\n");
-    h.update(
-        serde_json::to_string(payload)
-            .unwrap_or_default()
-            .as_bytes(),
-    );
+    match payload.value() {
+        Some(v) => h.update(v.to_string().as_bytes()),
+        None => h.update(payload.as_str().as_bytes()),
+    }
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -243,7 +250,7 @@ fn room_from_row(room: &RoomId, r: &sqlx::sqlite::SqliteRow) -> RoomRow {
         lease_expires: r.get::<i64, _>("lease_expires") as u64,
         current: r
             .get::<Option<String>, _>("current")
-            .and_then(|s| serde_json::from_str(&s).ok()),
+            .and_then(|s| stored(&s).ok()),
         closed: r.get::<i64, _>("closed") != 0,
         now: r.get::<i64, _>("now") as u64,
     }
@@ -275,7 +282,7 @@ async fn append(
     item: &Item,
     now: u64,
 ) -> StoreResult<()> {
-    let json = serde_json::to_string(item).map_err(|e| StoreError(e.to_string()))?;
+    let json = encode_body(item);
     sqlx::query("INSERT INTO log (room, seq, item) VALUES (?, ?, ?)")
         .bind(room.as_str())
         .bind(seq.0 as i64)
@@ -358,7 +365,7 @@ async fn grant_in_tx(
         issued_at: ServerTime(now),
     };
     let signed = signer.sign_assignment(a);
-    let json = serde_json::to_string(&signed).map_err(|e| StoreError(e.to_string()))?;
+    let json = encode_body(&signed);
     sqlx::query("UPDATE rooms SET current = ? WHERE room = ?")
         .bind(&json)
         .bind(req.room.as_str())
@@ -429,8 +436,7 @@ async fn command_in_tx(
         if h != hash {
             return Ok((reject(RejectCode::IdempotencyConflict), false));
         }
-        let outcome: Outcome =
-            serde_json::from_str(&outcome).map_err(|e| StoreError(e.to_string()))?;
+        let outcome: Outcome = stored(&outcome).map_err(|e| StoreError(e.to_string()))?;
         return Ok((
             CommandDone {
                 outcome,
@@ -521,7 +527,7 @@ async fn command_in_tx(
     .bind(c.sub.as_str())
     .bind(req.key.as_str())
     .bind(&hash)
-    .bind(serde_json::to_string(&outcome).map_err(|e| StoreError(e.to_string()))?)
+    .bind(encode_body(&outcome))
     .bind(now as i64)
     .execute(&mut *tx)
     .await?;
@@ -903,10 +909,7 @@ impl Store for SqliteStore {
         .bind(limit as i64)
         .fetch_all(&mut *c)
         .await?;
-        let mut items: Vec<Item> = rows
-            .iter()
-            .filter_map(|s| serde_json::from_str(s).ok())
-            .collect();
+        let mut items: Vec<Item> = rows.iter().filter_map(|s| stored(s).ok()).collect();
         items.reverse();
         let min: Option<i64> = sqlx::query_scalar("SELECT MIN(seq) FROM log WHERE room = ?")
             .bind(room.as_str())
@@ -924,13 +927,7 @@ impl Store for SqliteStore {
                 .await?;
         Ok(rows
             .into_iter()
-            .filter_map(|(id, room, item)| {
-                Some((
-                    id,
-                    RoomId::new(room).ok()?,
-                    serde_json::from_str(&item).ok()?,
-                ))
-            })
+            .filter_map(|(id, room, item)| Some((id, RoomId::new(room).ok()?, stored(&item).ok()?)))
             .collect())
     }
 
@@ -1071,7 +1068,7 @@ impl Store for SqliteStore {
             .filter_map(|(c, item)| {
                 Some(InboxEntry {
                     cursor: c as u64,
-                    item: serde_json::from_str(&item).ok()?,
+                    item: stored(&item).ok()?,
                 })
             })
             .collect())

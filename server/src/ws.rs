@@ -16,11 +16,10 @@ use futures_util::{SinkExt, StreamExt};
 use hostlease::core::elect;
 use hostlease::protocol::{
     codec::{decode_client, encode_server, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_REPLAY},
-    Action, ActionKind, ClientMsg, DecodeError, Epoch, ErrorCode, Gap, IdempotencyKey, Item,
+    Action, ActionKind, ClientMsg, DecodeError, Epoch, ErrorCode, Gap, IdempotencyKey, Item, Json,
     Member, Outcome, ParticipantId, Reason, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId,
     Token, ACTION_RESIGN, ACTION_TRANSFER,
 };
-use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 
@@ -810,7 +809,7 @@ pub struct Incoming<'a> {
     pub capability: &'a Token,
     pub key: IdempotencyKey,
     pub action: Action,
-    pub payload: Value,
+    pub payload: Json,
     pub epoch: Option<Epoch>,
 }
 
@@ -916,8 +915,7 @@ fn queue_command(
         )
     } else if action.as_str() == ACTION_TRANSFER {
         let to = payload
-            .get("to")
-            .and_then(Value::as_str)
+            .get_str("to")
             .and_then(|s| ParticipantId::new(s).ok())
             .ok_or(RejectCode::BadRequest)?;
         let members = room.members();

@@ -69,7 +69,7 @@ async fn cmd(r: &mut Raw, id: &str, action: &str, epoch: Option<Epoch>, token: &
     r.send(&ClientMsg::Command {
         id: key(id),
         action: Action::new(action).unwrap(),
-        payload: serde_json::json!({"n": id}),
+        payload: serde_json::json!({"n": id}).into(),
         epoch,
         capability: token.clone(),
     })
@@ -282,7 +282,7 @@ async fn rejection_matrix_changes_no_state() {
         .send()
         .await
         .unwrap();
-    let o: Outcome = resp.json().await.unwrap();
+    let o: Outcome = resp.protocol().await;
     assert_eq!(rejected(&o).0, RejectCode::NotHost);
 
     // The genuine host token works (the matrix was not rejecting everything).
@@ -394,10 +394,7 @@ async fn idempotent_retries_across_ws_and_http() {
     .await
     .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(
-        r.json::<Outcome>().await.unwrap(),
-        Outcome::Accepted { seq }
-    );
+    assert_eq!(r.protocol::<Outcome>().await, Outcome::Accepted { seq });
     assert_eq!(
         srv.app.store.room(&room).await.unwrap().unwrap().seq,
         seq_after
@@ -410,13 +407,13 @@ async fn idempotent_retries_across_ws_and_http() {
     .await
     .unwrap();
     assert_eq!(r.status(), 409);
-    let o: Outcome = r.json().await.unwrap();
+    let o: Outcome = r.protocol().await;
     assert_eq!(rejected(&o).0, RejectCode::IdempotencyConflict);
     // And over the socket too.
     b.send(&ClientMsg::Command {
         id: key("k1"),
         action: Action::new("vote").unwrap(),
-        payload: serde_json::json!({"n": "different"}),
+        payload: serde_json::json!({"n": "different"}).into(),
         epoch: None,
         capability: p.clone(),
     })
@@ -486,7 +483,7 @@ async fn a_burst_of_commands_on_one_socket_is_answered_in_order() {
         a.send(&ClientMsg::Command {
             id: key(&id),
             action: Action::new("poll.open").unwrap(),
-            payload: serde_json::json!({ "n": n }),
+            payload: serde_json::json!({ "n": n }).into(),
             epoch,
             capability: g.host.clone(),
         })

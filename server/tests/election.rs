@@ -178,7 +178,7 @@ async fn host_and_participant_commands_become_ordered_room_events() {
         .command(
             now,
             hostlease::protocol::Action::new("poll.open").unwrap(),
-            serde_json::json!({"q": "?"}),
+            serde_json::json!({"q": "?"}).into(),
             None,
         )
         .expect("host command");
@@ -189,7 +189,7 @@ async fn host_and_participant_commands_become_ordered_room_events() {
         .command(
             now,
             hostlease::protocol::Action::new("vote").unwrap(),
-            serde_json::json!({"choice": 1}),
+            serde_json::json!({"choice": 1}).into(),
             None,
         )
         .expect("participant command");

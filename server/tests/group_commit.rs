@@ -65,7 +65,7 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
             claims: claims.clone(),
             kind: ActionKind::Host,
             action: action.clone(),
-            payload: json!({ "n": n }),
+            payload: json!({ "n": n }).into(),
             epoch: Some(Epoch(1)),
             key: IdempotencyKey::new(key).unwrap(),
             next_holder: None,
@@ -132,7 +132,7 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
     let ns: Vec<u64> = items
         .iter()
         .map(|it| match it {
-            Item::Event(e) => e.payload["n"].as_u64().unwrap(),
+            Item::Event(e) => e.payload.value().unwrap()["n"].as_u64().unwrap(),
             Item::Assignment(_) => panic!("no grant in between"),
         })
         .collect();

@@ -23,7 +23,7 @@ async fn read_log(db: &str, room: &str) -> Vec<Item> {
         .unwrap();
     pool.close().await;
     rows.iter()
-        .map(|s| serde_json::from_str(s).unwrap())
+        .map(|s| hostlease::protocol::codec::decode_body(s, usize::MAX).unwrap())
         .collect()
 }
 

@@ -30,7 +30,7 @@ async fn vote(r: &mut Raw, p: &Token, id: &str) -> Seq {
     r.send(&ClientMsg::Command {
         id: IdempotencyKey::new(id).unwrap(),
         action: Action::new("vote").unwrap(),
-        payload: serde_json::json!({"id": id}),
+        payload: serde_json::json!({"id": id}).into(),
         epoch: None,
         capability: p.clone(),
     })
@@ -147,7 +147,7 @@ async fn presence_and_signalling_stay_in_the_room() {
     a.send(&ClientMsg::Signal {
         to: hostlease::protocol::ParticipantId::new("bob").unwrap(),
         to_session: None,
-        data: serde_json::json!({"sdp": "offer"}),
+        data: serde_json::json!({"sdp": "offer"}).into(),
     })
     .await;
     let (from, data) = b
@@ -157,7 +157,7 @@ async fn presence_and_signalling_stay_in_the_room() {
         })
         .await;
     assert_eq!(from.as_str(), "alice");
-    assert_eq!(data["sdp"], "offer");
+    assert_eq!(data.value().unwrap()["sdp"], "offer");
     // The "bob" of another room gets nothing.
     while let Some(m) = x.next(Duration::from_millis(300)).await {
         assert!(
@@ -293,9 +293,8 @@ async fn assignments_are_signed_and_http_reads_work() {
         .send()
         .await
         .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .protocol()
+        .await;
     assert_eq!(keys.keys.len(), 1);
     assert_eq!(keys.keys[0].alg, "Ed25519");
     let x = base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -308,9 +307,8 @@ async fn assignments_are_signed_and_http_reads_work() {
         .send()
         .await
         .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .protocol()
+        .await;
     assert_eq!(
         snap.current.assignment.host.as_ref().unwrap().as_str(),
         "alice"
@@ -390,9 +388,8 @@ async fn offline_members_get_a_durable_inbox() {
             .send()
             .await
             .unwrap()
-            .json()
-            .await
-            .unwrap();
+            .protocol()
+            .await;
         if page.entries.iter().any(|e| e.item.seq() == seq) {
             break;
         }

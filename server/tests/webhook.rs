@@ -77,7 +77,7 @@ async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
             &hostlease_server::webhook::signature(b"shh", body.as_bytes()),
             "{key}"
         );
-        let item: Item = serde_json::from_str(body).unwrap();
+        let item: Item = hostlease::protocol::codec::decode_body(body, usize::MAX).unwrap();
         match item {
             Item::Assignment(x) => assert_eq!(x.assignment.host.unwrap().as_str(), "alice"),
             other => panic!("{other:?}"),

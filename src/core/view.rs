@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 
-use serde_json::Value;
+use crate::protocol::Json;
 
 use super::backoff::{Backoff, Entropy, SplitMix64};
 use super::error::CommandError;
@@ -163,7 +163,7 @@ pub enum Event {
     Signal {
         from: ParticipantId,
         from_session: SessionId,
-        data: Value,
+        data: Json,
     },
     /// The server sent an error frame; `Unauthorized` means the join token must be refreshed.
     ServerError(ErrorCode),
@@ -220,7 +220,7 @@ enum CmdState {
 struct PendingCommand {
     id: IdempotencyKey,
     action: Action,
-    payload: Value,
+    payload: Json,
     kind: ActionKind,
     /// For host commands: the epoch they were made in. They die with it.
     epoch: Option<Epoch>,
@@ -1049,7 +1049,7 @@ impl HostView {
         &mut self,
         now: Instant,
         action: Action,
-        payload: Value,
+        payload: Json,
         key: Option<IdempotencyKey>,
     ) -> Result<IdempotencyKey, CommandError> {
         let now = self.tick(now);
@@ -1109,7 +1109,7 @@ impl HostView {
     /// `host.resign`: give the host role up; the server elects the next member.
     pub fn resign(&mut self, now: Instant) -> Result<IdempotencyKey, CommandError> {
         let action = Action::new(ACTION_RESIGN).map_err(|_| CommandError::UnknownAction)?;
-        self.command(now, action, Value::Null, None)
+        self.command(now, action, Json::null(), None)
     }
 
     /// `host.transfer {to}`: hand the host role to `to`.
@@ -1119,7 +1119,7 @@ impl HostView {
         to: &ParticipantId,
     ) -> Result<IdempotencyKey, CommandError> {
         let action = Action::new(ACTION_TRANSFER).map_err(|_| CommandError::UnknownAction)?;
-        let payload = serde_json::json!({ "to": to.as_str() });
+        let payload = Json::object_of_str("to", to.as_str());
         self.command(now, action, payload, None)
     }
 

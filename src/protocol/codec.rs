@@ -5,11 +5,11 @@
 //! malformed frame cannot leak into a log line through an error message.
 
 use core::fmt;
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use super::ids::MAX_TOKEN_LEN;
+use super::json::{self, line_column, FromJson, Reader, SyntaxError, ToJson};
 use super::messages::{Assignment, ClientMsg, Item, Member, ServerMsg, Snapshot, PROTOCOL_VERSION};
+use super::wire;
 
 /// Largest client → server frame, in bytes.
 pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
@@ -84,102 +84,81 @@ impl fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-fn malformed(e: serde_json::Error) -> DecodeError {
-    DecodeError::Malformed {
-        line: e.line(),
-        column: e.column(),
-    }
+fn malformed(text: &str, e: SyntaxError) -> DecodeError {
+    let (line, column) = line_column(text, e.0);
+    DecodeError::Malformed { line, column }
 }
 
-#[derive(Deserialize)]
-struct Head<'a> {
-    v: Option<u64>,
-    #[serde(borrow)]
-    t: Option<std::borrow::Cow<'a, str>>,
-}
-
-/// Checks the size, then reads `v` and `t` in a first pass, so that an unknown major version is
-/// reported as such rather than as whatever shape error its new fields would cause, then has
-/// `read` decode the frame of type `t` from the text (`Ok(None)`: not a type of this direction).
-fn decode_frame<T>(
-    text: &str,
-    max: usize,
-    read: impl FnOnce(&str, &str) -> Result<Option<T>, serde_json::Error>,
-) -> Result<T, DecodeError> {
+fn too_large(text: &str, max: usize) -> Result<(), DecodeError> {
     if text.len() > max {
         return Err(DecodeError::TooLarge {
             len: text.len(),
             max,
         });
     }
-    let head: Head<'_> = serde_json::from_str(text).map_err(malformed)?;
-    match head.v {
+    Ok(())
+}
+
+/// Checks the size, then reads `v` and `t` in a first pass, so that an unknown major version is
+/// reported as such rather than as whatever shape error its new fields would cause, then has
+/// `read` decode the frame of type `t` (`Ok(None)`: not a type of this direction).
+fn decode_frame<T>(
+    text: &str,
+    max: usize,
+    read: impl FnOnce(&mut Reader<'_>, &str) -> Result<Option<T>, SyntaxError>,
+) -> Result<T, DecodeError> {
+    too_large(text, max)?;
+    let mut r = Reader::new(text);
+    let (v, t) = wire::frame_head(&mut r).map_err(|e| malformed(text, e))?;
+    match v {
         None => return Err(DecodeError::MissingVersion),
         Some(v) if v != u64::from(PROTOCOL_VERSION) => {
             return Err(DecodeError::UnsupportedVersion(v))
         }
         Some(_) => {}
     }
-    let t = head.t.ok_or(DecodeError::UnknownType)?;
-    read(text, &t)
-        .map_err(malformed)?
-        .ok_or(DecodeError::UnknownType)
+    let t = t.ok_or(DecodeError::UnknownType)?;
+    let msg = read(&mut r, &t)
+        .map_err(|e| malformed(text, e))?
+        .ok_or(DecodeError::UnknownType)?;
+    r.end().map_err(|e| malformed(text, e))?;
+    Ok(msg)
 }
 
 /// Decodes one server → client text frame.
 pub fn decode_server(text: &str) -> Result<ServerMsg, DecodeError> {
-    let msg = decode_frame(text, MAX_SERVER_FRAME, super::de::server_msg)?;
+    let msg = decode_frame(text, MAX_SERVER_FRAME, wire::server_msg)?;
     validate_server(&msg)?;
     Ok(msg)
 }
 
 /// Decodes one client → server text frame.
 pub fn decode_client(text: &str) -> Result<ClientMsg, DecodeError> {
-    let msg = decode_frame(text, MAX_CLIENT_FRAME, super::de::client_msg)?;
+    let msg = decode_frame(text, MAX_CLIENT_FRAME, wire::client_msg)?;
     validate_client(&msg)?;
     Ok(msg)
 }
 
-/// Decodes an HTTP body of type `T` (snapshot, command request, inbox page, key set).
-pub fn decode_body<T: DeserializeOwned>(text: &str, max: usize) -> Result<T, DecodeError> {
-    if text.len() > max {
-        return Err(DecodeError::TooLarge {
-            len: text.len(),
-            max,
-        });
-    }
-    serde_json::from_str(text).map_err(malformed)
+/// Decodes an HTTP body or a stored value of type `T` (snapshot, command request, inbox page,
+/// key set, outcome, item, an app's JSON payload).
+pub fn decode_body<T: FromJson>(text: &str, max: usize) -> Result<T, DecodeError> {
+    too_large(text, max)?;
+    json::from_str(text).map_err(|e| malformed(text, e))
 }
 
-#[derive(Serialize)]
-struct Frame<'a, M> {
-    v: u32,
-    #[serde(flatten)]
-    msg: &'a M,
-}
-
-fn encode<M: Serialize>(msg: &M) -> String {
-    // Serialising these types cannot fail: every map key is a string and there are no
-    // non-finite floats of our own making (payload values came from JSON, which has none).
-    serde_json::to_string(&Frame {
-        v: PROTOCOL_VERSION,
-        msg,
-    })
-    .unwrap_or_else(|_| {
-        String::from(
-            "{\"v\":1,\"t\":\"error\",\"code\":\"internal\",\"message\":\"encode failed\"}",
-        )
-    })
+/// Encodes an HTTP body or a value to store.
+pub fn encode_body<T: ToJson + ?Sized>(value: &T) -> String {
+    json::to_string(value)
 }
 
 /// Encodes a server → client frame.
 pub fn encode_server(msg: &ServerMsg) -> String {
-    encode(msg)
+    json::to_string(msg)
 }
 
 /// Encodes a client → server frame.
 pub fn encode_client(msg: &ClientMsg) -> String {
-    encode(msg)
+    json::to_string(msg)
 }
 
 fn check(ok: bool, why: &'static str) -> Result<(), DecodeError> {

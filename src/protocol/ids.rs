@@ -4,7 +4,6 @@
 //! nothing downstream has to wonder whether a room name can contain a newline or be a megabyte.
 
 use core::fmt;
-use serde::{Deserialize, Serialize};
 
 /// The longest identifier accepted on the wire, in bytes.
 pub const MAX_ID_LEN: usize = 128;
@@ -59,8 +58,9 @@ fn validate_id(s: &str) -> Result<(), IdError> {
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(try_from = "String", into = "String")]
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        #[cfg_attr(feature = "serde", serde(try_from = "String", into = "String"))]
         pub struct $name(String);
 
         impl $name {
@@ -132,8 +132,9 @@ string_id!(
 macro_rules! counter {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
-        #[serde(transparent)]
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        #[cfg_attr(feature = "serde", serde(transparent))]
         pub struct $name(pub u64);
 
         impl $name {
@@ -171,8 +172,9 @@ counter!(
 ///
 /// Deliberately a different type from the SDK's monotonic `core::Instant`: a server timestamp
 /// says when something happened on the server and must never be compared with local time.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
-#[serde(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct ServerTime(pub u64);
 
 impl fmt::Debug for ServerTime {
@@ -185,8 +187,9 @@ impl fmt::Debug for ServerTime {
 ///
 /// The SDK never looks inside. `Debug` and `Display` never show the value, so a token cannot end
 /// up in a log line or an error message by accident.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
+#[derive(Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct Token(String);
 
 /// The longest token accepted on the wire, in bytes.

@@ -1,17 +1,11 @@
-//! Every message of wire protocol version 1, as serde types.
+//! Every message of wire protocol version 1.
 //!
 //! Frames are JSON objects `{"v": 1, "t": "<type>", ...fields}`. Unknown fields are ignored, so a
 //! newer server can add fields without breaking older SDKs; an unknown major version is refused
-//! (see [`super::codec`]).
-//!
-//! The tagged enums and the flattened [`SignedAssignment`] derive only `Serialize`; they are
-//! read by the hand-written impls in `super::de`, which serde's buffering `Content` never enters
-//! (see there why). Frames ([`ServerMsg`], [`ClientMsg`]) have no `Deserialize` impl at all: they
-//! are decoded from text by [`super::codec::decode_server`] and
-//! [`super::codec::decode_client`], which also check the version and the limits.
+//! (see [`super::codec`]). How each type is written and read is in `super::wire` (one place, by
+//! hand, for both directions and both ends).
 
-use serde::{Deserialize, Deserializer, Serialize};
-use serde_json::Value;
+use super::json::Json;
 
 use super::ids::{
     Action, Epoch, IdempotencyKey, KeyId, ParticipantId, RoomId, Seq, ServerTime, SessionId, Token,
@@ -21,8 +15,7 @@ use super::ids::{
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Why an assignment was made. Unknown reasons from a newer server decode as `Unknown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Reason {
     /// First host of a room, or a host chosen because the room had none.
@@ -63,7 +56,7 @@ impl Reason {
 }
 
 /// The authoritative record of who hosts a room, committed by the server with a compare-and-swap.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
     pub room: RoomId,
     /// `None`: the room is hostless (nobody eligible is connected).
@@ -94,22 +87,13 @@ impl Assignment {
 /// over WebRTC and each can verify it against the server's published key.
 ///
 /// The signed bytes are [`super::codec::signing_bytes`] of `assignment`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignedAssignment {
-    #[serde(flatten)]
     pub assignment: Assignment,
     /// Key id of the signing key; `None` only from a server that does not sign (may be absent).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub kid: Option<KeyId>,
     /// base64url (no padding) Ed25519 signature (may be absent).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub sig: Option<String>,
-}
-
-impl<'de> Deserialize<'de> for SignedAssignment {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        super::de::SignedAssignmentFields::deserialize(d).map(Into::into)
-    }
 }
 
 impl From<Assignment> for SignedAssignment {
@@ -123,12 +107,11 @@ impl From<Assignment> for SignedAssignment {
 }
 
 /// One connection in a room. Membership is soft state rebuilt from live connections.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
     pub id: ParticipantId,
     pub session: SessionId,
     /// Display name from the join token (at most [`super::codec::MAX_NAME_LEN`] bytes).
-    #[serde(default)]
     pub name: String,
     /// Server-assigned join order; the first key of the election order.
     pub join_seq: u64,
@@ -137,11 +120,9 @@ pub struct Member {
 }
 
 /// Which actions the server treats as host-only and which as participant actions.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ActionTable {
-    #[serde(default)]
     pub host: Vec<Action>,
-    #[serde(default)]
     pub participant: Vec<Action>,
 }
 
@@ -158,11 +139,20 @@ impl ActionTable {
 }
 
 /// Host-only or participant action.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ActionKind {
     Host,
     Participant,
+}
+
+impl ActionKind {
+    /// The wire name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ActionKind::Host => "host",
+            ActionKind::Participant => "participant",
+        }
+    }
 }
 
 /// The built-in host actions every server knows: they route a host change through the server.
@@ -170,7 +160,7 @@ pub const ACTION_RESIGN: &str = "host.resign";
 pub const ACTION_TRANSFER: &str = "host.transfer";
 
 /// The authoritative state of a room at one point of its `seq`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     pub room: RoomId,
     /// The current assignment (the newest committed).
@@ -180,38 +170,28 @@ pub struct Snapshot {
     /// The `seq` this snapshot reflects: every item with `seq <= this` is included in it.
     pub seq: Seq,
     /// For the host's own session only: the lease time left when the snapshot was taken.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_remaining_ms: Option<u64>,
     pub server_time: ServerTime,
-    #[serde(default)]
     pub actions: ActionTable,
 }
 
 /// A durable room event: an accepted command.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RoomEvent {
     pub seq: Seq,
     /// The epoch in force when the command was accepted.
     pub epoch: Epoch,
     pub actor: ParticipantId,
     pub action: Action,
-    #[serde(default)]
-    pub payload: Value,
+    pub payload: Json,
     pub at: ServerTime,
 }
 
 /// One entry of the room's single ordered stream.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Item {
     Assignment(SignedAssignment),
     Event(RoomEvent),
-}
-
-impl<'de> Deserialize<'de> for Item {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(super::de::TaggedVisitor::new())
-    }
 }
 
 impl Item {
@@ -224,15 +204,16 @@ impl Item {
 }
 
 /// A run of `seq` values the server no longer holds: `from..=to` will never be delivered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gap {
     pub from: Seq,
     pub to: Seq,
 }
 
 /// Host or participant capability.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum Role {
     Host,
     Participant,
@@ -249,8 +230,7 @@ impl Role {
 }
 
 /// Stable codes of a refused command. Unknown codes from a newer server decode as `Unknown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RejectCode {
     /// The command's epoch (or its token's) is not the room's current epoch.
@@ -298,8 +278,7 @@ impl RejectCode {
 }
 
 /// The result of a command, over the socket or as the HTTP response body.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// The command took effect as the room event with this `seq`.
     Accepted { seq: Seq },
@@ -307,23 +286,14 @@ pub enum Outcome {
     Rejected {
         code: RejectCode,
         /// The room's current assignment, so the sender can correct its view (may be absent).
-        #[serde(skip_serializing_if = "Option::is_none")]
         current: Option<SignedAssignment>,
         /// (may be absent)
-        #[serde(skip_serializing_if = "Option::is_none")]
         retry_after_ms: Option<u64>,
     },
 }
 
-impl<'de> Deserialize<'de> for Outcome {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(super::de::TaggedVisitor::new())
-    }
-}
-
 /// Codes of a protocol-level error frame (usually followed by a close).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorCode {
     BadFrame,
@@ -366,8 +336,7 @@ impl ErrorCode {
 
 /// Server → client frames. Decoded only by [`super::codec::decode_server`] (fields read in
 /// `super::de`, which says which fields may be absent).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "t", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ServerMsg {
     /// The answer to `hello` or `resume`: the authoritative snapshot at the subscription point,
@@ -379,7 +348,6 @@ pub enum ServerMsg {
         /// Items after the resume cursor up to `snapshot.seq`, in order (absent: none).
         missed: Vec<Item>,
         /// Items after the cursor that the server no longer holds.
-        #[serde(skip_serializing_if = "Option::is_none")]
         discontinuity: Option<Gap>,
     },
     /// A new assignment on the room stream.
@@ -400,7 +368,6 @@ pub enum ServerMsg {
         role: Role,
         token: Token,
         /// Set for host tokens: the epoch the token is bound to.
-        #[serde(skip_serializing_if = "Option::is_none")]
         epoch: Option<Epoch>,
         actions: Vec<Action>,
         /// Lifetime counted from when the server sent this frame.
@@ -411,7 +378,6 @@ pub enum ServerMsg {
     /// The result of a `command`.
     CommandResult {
         id: IdempotencyKey,
-        #[serde(flatten)]
         outcome: Outcome,
     },
     /// The server will never deliver these items (retention, or it shed them).
@@ -420,7 +386,7 @@ pub enum ServerMsg {
     Signal {
         from: ParticipantId,
         from_session: SessionId,
-        data: Value,
+        data: Json,
     },
     /// A protocol error; the server usually closes the connection after it.
     Error { code: ErrorCode, message: String },
@@ -428,19 +394,16 @@ pub enum ServerMsg {
 
 /// Client → server frames. Decoded only by [`super::codec::decode_client`] (fields read in
 /// `super::de`, which says which fields may be absent).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "t", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ClientMsg {
     /// The first frame: the join token travels here, never in the URL.
     Hello {
         token: Token,
         /// Resume after this `seq` (items after it are replayed in `welcome.missed`).
-        #[serde(skip_serializing_if = "Option::is_none")]
         resume: Option<Seq>,
         /// The newest epoch this client has observed (lets the server spot a client that claims
         /// an epoch ahead of the committed one).
-        #[serde(skip_serializing_if = "Option::is_none")]
         epoch_seen: Option<Epoch>,
     },
     /// On a live connection: a gap was seen, send a fresh welcome resuming after `cursor`.
@@ -454,49 +417,44 @@ pub enum ClientMsg {
         id: IdempotencyKey,
         action: Action,
         /// Absent: `null`.
-        payload: Value,
-        #[serde(skip_serializing_if = "Option::is_none")]
+        payload: Json,
         epoch: Option<Epoch>,
         capability: Token,
     },
     /// WebRTC signalling for another member of the room.
     Signal {
         to: ParticipantId,
-        #[serde(skip_serializing_if = "Option::is_none")]
         to_session: Option<SessionId>,
-        data: Value,
+        data: Json,
     },
 }
 
 /// `POST /v1/rooms/{room}/commands` body; the token travels in `Authorization: Bearer`, the key
 /// in `Idempotency-Key`. The response body is an [`Outcome`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct CommandRequest {
     pub action: Action,
-    #[serde(default)]
-    pub payload: Value,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Json,
     pub epoch: Option<Epoch>,
 }
 
 /// One entry of a participant's durable inbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct InboxEntry {
     pub cursor: u64,
     pub item: Item,
 }
 
 /// `GET /v1/rooms/{room}/inbox?since=<cursor>` response body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct InboxPage {
     pub entries: Vec<InboxEntry>,
     /// Pass as `since` to read on; `None` when the page is the end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<u64>,
 }
 
 /// One public signing key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublicKey {
     pub kid: KeyId,
     /// Always `"Ed25519"`: there is no algorithm negotiation.
@@ -506,7 +464,7 @@ pub struct PublicKey {
 }
 
 /// `GET /v1/keys` response body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySet {
     pub keys: Vec<PublicKey>,
 }

@@ -11,15 +11,15 @@
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 
-use serde::Serialize;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use web_sys::{CloseEvent, Event as DomEvent, MessageEvent, WebSocket};
 
 use crate::core::{Backoff, CommandError, Config, Event, HostView, Instant, Phase, SplitMix64};
+use crate::protocol::json::{self, ToJson, Writer};
 use crate::protocol::{
-    self, codec, Action, ActionTable, Assignment, Epoch, IdempotencyKey, Member, ParticipantId,
-    RoomEvent, Seq, SessionId, SignedAssignment, Token,
+    self, codec, Action, Assignment, Epoch, IdempotencyKey, Json, ParticipantId, RoomEvent, Seq,
+    SessionId, SignedAssignment, Token,
 };
 
 /// The major wire-protocol version this build speaks.
@@ -136,8 +136,7 @@ struct State {
     last_host_token: Option<(Token, Epoch)>,
 }
 
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+/// What the wrapper receives, one JSON object per event: `{"type": "<snake_case name>", ...}`.
 enum JsEvent<'a> {
     Connection {
         phase: &'static str,
@@ -180,14 +179,93 @@ enum JsEvent<'a> {
     Signal {
         from: &'a ParticipantId,
         from_session: &'a SessionId,
-        data: &'a serde_json::Value,
+        data: &'a Json,
     },
     /// The supervisor is about to reconnect: the wrapper must call `connect(token)`.
     TokenNeeded,
 }
 
-fn to_json<T: Serialize>(v: &T) -> String {
-    serde_json::to_string(v).unwrap_or_else(|_| String::from("null"))
+fn field<T: ToJson + ?Sized>(w: &mut Writer, key: &str, value: &T) {
+    w.key(key);
+    value.write_json(w);
+}
+
+impl ToJson for JsEvent<'_> {
+    fn write_json(&self, w: &mut Writer) {
+        w.open();
+        let ty = |w: &mut Writer, name: &str| field(w, "type", name);
+        match self {
+            JsEvent::Connection { phase } => {
+                ty(w, "connection");
+                field(w, "phase", *phase);
+            }
+            JsEvent::Host {
+                assignment,
+                previous_epoch,
+                via,
+                signed,
+            } => {
+                ty(w, "host");
+                field(w, "assignment", *assignment);
+                field(w, "previous_epoch", previous_epoch);
+                field(w, "via", *via);
+                field(w, "signed", signed);
+            }
+            JsEvent::Provisional { coordinator } => {
+                ty(w, "provisional");
+                field(w, "coordinator", coordinator);
+            }
+            JsEvent::Members => ty(w, "members"),
+            JsEvent::Lease { state } => {
+                ty(w, "lease");
+                field(w, "state", *state);
+            }
+            JsEvent::Event { event } => {
+                ty(w, "event");
+                field(w, "event", *event);
+            }
+            JsEvent::Discontinuity { from, to } => {
+                ty(w, "discontinuity");
+                field(w, "from", from);
+                field(w, "to", to);
+            }
+            JsEvent::CommandQueued { id } => {
+                ty(w, "command_queued");
+                field(w, "id", *id);
+            }
+            JsEvent::CommandAccepted { id, seq } => {
+                ty(w, "command_accepted");
+                field(w, "id", *id);
+                field(w, "seq", seq);
+            }
+            JsEvent::CommandFailed { id, code } => {
+                ty(w, "command_failed");
+                field(w, "id", *id);
+                field(w, "code", *code);
+            }
+            JsEvent::Error { code, message } => {
+                ty(w, "error");
+                field(w, "code", *code);
+                field(w, "message", *message);
+            }
+            JsEvent::Signal {
+                from,
+                from_session,
+                data,
+            } => {
+                ty(w, "signal");
+                field(w, "from", *from);
+                field(w, "from_session", *from_session);
+                field(w, "data", *data);
+            }
+            JsEvent::TokenNeeded => ty(w, "token_needed"),
+        }
+        w.close();
+    }
+}
+
+fn to_json<T: ToJson>(v: &T) -> String {
+    json::to_string(v)
 }
 
 impl State {
@@ -501,33 +579,6 @@ fn step(rc: &Rc<RefCell<State>>, f: impl FnOnce(&mut State, &Weak<RefCell<State>
     let _ = emit.call1(&JsValue::NULL, &JsValue::from_str(&events));
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ViewJs<'a> {
-    phase: &'static str,
-    host: Option<&'a ParticipantId>,
-    host_session: Option<&'a SessionId>,
-    epoch: Option<Epoch>,
-    me: Option<&'a ParticipantId>,
-    session: Option<&'a SessionId>,
-    am_host: bool,
-    named_host: bool,
-    lease: &'static str,
-    provisional: Option<&'a ParticipantId>,
-    members: &'a [Member],
-    cursor: Seq,
-    actions: &'a ActionTable,
-    pending: Vec<PendingJs<'a>>,
-    signed: Option<&'a SignedAssignment>,
-}
-
-#[derive(Serialize)]
-struct PendingJs<'a> {
-    id: &'a IdempotencyKey,
-    action: &'a Action,
-    queued: bool,
-}
-
 /// The browser driver of one room. Use it through the `hostlease` JS package.
 #[wasm_bindgen]
 pub struct Driver {
@@ -596,7 +647,7 @@ impl Driver {
     /// error code as a string for the wrapper to turn into a `HostleaseError`.
     pub fn command(&self, action: String, payload: &str) -> Result<String, JsValue> {
         let action = Action::new(action).map_err(|_| JsValue::from_str("UnknownAction"))?;
-        let payload: serde_json::Value = codec::decode_body(payload, codec::MAX_CLIENT_FRAME)
+        let payload: Json = codec::decode_body(payload, codec::MAX_CLIENT_FRAME)
             .map_err(|_| JsValue::from_str("BadPayload"))?;
         let mut result = Err(JsValue::from_str(CommandError::Closed.code()));
         step(&self.inner, |s, _| {
@@ -652,7 +703,7 @@ impl Driver {
     pub fn signal(&self, to: &str, data: &str) -> bool {
         let (Ok(to), Ok(data)) = (
             ParticipantId::new(to),
-            codec::decode_body::<serde_json::Value>(data, codec::MAX_CLIENT_FRAME),
+            codec::decode_body::<Json>(data, codec::MAX_CLIENT_FRAME),
         ) else {
             return false;
         };
@@ -678,26 +729,34 @@ impl Driver {
         let (now, _) = s.clock.now();
         let v = &s.view;
         let a = v.assignment();
-        to_json(&ViewJs {
-            phase: v.phase().as_str(),
-            host: a.and_then(|a| a.host.as_ref()),
-            host_session: a.and_then(|a| a.session.as_ref()),
-            epoch: v.epoch(),
-            me: v.me(),
-            session: v.session(),
-            am_host: v.has_authority(now),
-            named_host: v.is_named_host(),
-            lease: v.lease().as_str(),
-            provisional: v.provisional(),
-            members: v.members(),
-            cursor: v.cursor(),
-            actions: v.actions(),
-            pending: v
-                .pending()
-                .map(|(id, action, queued)| PendingJs { id, action, queued })
-                .collect(),
-            signed: v.signed_assignment(),
-        })
+        let mut w = Writer::new();
+        w.open();
+        field(&mut w, "phase", v.phase().as_str());
+        field(&mut w, "host", &a.and_then(|a| a.host.as_ref()));
+        field(&mut w, "hostSession", &a.and_then(|a| a.session.as_ref()));
+        field(&mut w, "epoch", &v.epoch());
+        field(&mut w, "me", &v.me());
+        field(&mut w, "session", &v.session());
+        field(&mut w, "amHost", &v.has_authority(now));
+        field(&mut w, "namedHost", &v.is_named_host());
+        field(&mut w, "lease", v.lease().as_str());
+        field(&mut w, "provisional", &v.provisional());
+        field(&mut w, "members", v.members());
+        field(&mut w, "cursor", &v.cursor());
+        field(&mut w, "actions", v.actions());
+        w.key("pending");
+        w.open_array();
+        for (id, action, queued) in v.pending() {
+            w.open();
+            field(&mut w, "id", id);
+            field(&mut w, "action", action);
+            field(&mut w, "queued", &queued);
+            w.close();
+        }
+        w.close_array();
+        field(&mut w, "signed", &v.signed_assignment());
+        w.close();
+        w.finish()
     }
 
     /// Test hook: sends `text` on the socket as is, bypassing every check of the SDK.
@@ -717,7 +776,7 @@ impl Driver {
         let s = self.inner.borrow();
         let (token, epoch) = s.last_host_token.clone()?;
         let action = Action::new(action).ok()?;
-        let payload = codec::decode_body(payload, codec::MAX_CLIENT_FRAME).ok()?;
+        let payload: Json = codec::decode_body(payload, codec::MAX_CLIENT_FRAME).ok()?;
         let id = IdempotencyKey::new(format!("raw-{}", js_sys::Date::now() as u64)).ok()?;
         let msg = protocol::ClientMsg::Command {
             id: id.clone(),

@@ -5,6 +5,16 @@ use hostlease::core::{Config, Event, HostView, Instant};
 use hostlease::protocol::*;
 use serde_json::json;
 
+/// An app payload from a `serde_json` value (the SDK keeps payloads as text).
+pub fn js(v: serde_json::Value) -> Json {
+    Json::parse(&v.to_string()).unwrap()
+}
+
+/// A payload's value, to look inside it.
+pub fn value(j: &Json) -> serde_json::Value {
+    serde_json::from_str(j.as_str()).unwrap()
+}
+
 pub fn pid(s: &str) -> ParticipantId {
     ParticipantId::new(s).unwrap()
 }
@@ -58,7 +68,7 @@ pub fn event(seq: u64, epoch: u64, actor: &str) -> RoomEvent {
         epoch: Epoch(epoch),
         actor: pid(actor),
         action: action("vote"),
-        payload: json!({ "option": seq % 3 }),
+        payload: js(json!({ "option": seq % 3 })),
         at: ServerTime(1_700_000_000_000 + seq),
     }
 }

@@ -369,3 +369,16 @@ pub fn app_key_file(dir: &std::path::Path) -> Keypair {
     let p = dir.join("app-key.json");
     Keypair::load_or_create(&p, "app").expect("app key")
 }
+
+/// An HTTP response body of a protocol type, read with the protocol's own decoder.
+#[allow(dead_code)]
+pub trait ProtocolBody {
+    async fn protocol<T: hostlease::protocol::json::FromJson>(self) -> T;
+}
+
+impl ProtocolBody for reqwest::Response {
+    async fn protocol<T: hostlease::protocol::json::FromJson>(self) -> T {
+        let text = self.text().await.expect("response body");
+        hostlease::protocol::codec::decode_body(&text, usize::MAX).expect("a protocol body")
+    }
+}
