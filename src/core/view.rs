@@ -1181,8 +1181,10 @@ impl HostView {
     fn new_key(&mut self) -> IdempotencyKey {
         let (a, b) = (self.rng.next_u64(), self.rng.next_u64());
         // 32 hex digits: always a valid identifier.
-        IdempotencyKey::new(format!("{a:016x}{b:016x}"))
-            .unwrap_or_else(|_| unreachable!("hex is a valid identifier"))
+        let mut key = String::with_capacity(32);
+        crate::protocol::json::push_hex16(&mut key, a);
+        crate::protocol::json::push_hex16(&mut key, b);
+        IdempotencyKey::new(key).unwrap_or_else(|_| unreachable!("hex is a valid identifier"))
     }
 
     /// Sends (or resends, same key) command `i` if it may still be sent; fails it otherwise.

@@ -266,18 +266,22 @@ fn validate_client(msg: &ClientMsg) -> Result<(), DecodeError> {
 /// hostlease/v1/assignment\n{room}\n{host}\n{session}\n{epoch}\n{seq}\n{lease_ms}\n{reason}\n{issued_at}
 /// ```
 pub fn signing_bytes(a: &Assignment) -> Vec<u8> {
-    let host = a.host.as_ref().map_or("", |h| h.as_str());
-    let session = a.session.as_ref().map_or("", |s| s.as_str());
-    format!(
-        "hostlease/v1/assignment\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
-        a.room,
-        host,
-        session,
-        a.epoch.0,
-        a.seq.0,
-        a.lease_ms,
-        a.reason.as_str(),
-        a.issued_at.0
-    )
-    .into_bytes()
+    let mut out = String::from("hostlease/v1/assignment");
+    for field in [
+        a.room.as_str(),
+        a.host.as_ref().map_or("", |h| h.as_str()),
+        a.session.as_ref().map_or("", |s| s.as_str()),
+    ] {
+        out.push('\n');
+        out.push_str(field);
+    }
+    for n in [a.epoch.0, a.seq.0, a.lease_ms] {
+        out.push('\n');
+        json::push_u64(&mut out, n);
+    }
+    out.push('\n');
+    out.push_str(a.reason.as_str());
+    out.push('\n');
+    json::push_u64(&mut out, a.issued_at.0);
+    out.into_bytes()
 }

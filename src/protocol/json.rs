@@ -449,20 +449,12 @@ impl Writer {
 
     pub fn u64(&mut self, n: u64) {
         self.sep();
-        let mut buf = [0u8; 20];
-        let mut i = buf.len();
-        let mut n = n;
-        loop {
-            i -= 1;
-            buf[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        // Only ASCII digits were written.
-        self.out
-            .push_str(core::str::from_utf8(&buf[i..]).unwrap_or("0"));
+        push_u64(&mut self.out, n);
+    }
+
+    /// Nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.out.is_empty()
     }
 
     pub fn bool(&mut self, b: bool) {
@@ -480,6 +472,31 @@ impl Writer {
         self.sep();
         self.out.push_str(&json.0);
     }
+}
+
+/// Appends `n` in decimal (without `core::fmt`, which the browser build otherwise barely needs).
+pub fn push_u64(out: &mut String, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(buf[i..].iter().map(|&d| char::from(d)));
+}
+
+/// Appends `n` as 16 lowercase hex digits.
+pub fn push_hex16(out: &mut String, n: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.extend(
+        (0..16)
+            .rev()
+            .map(|i| char::from(HEX[((n >> (i * 4)) & 15) as usize])),
+    );
 }
 
 /// A value written as JSON.

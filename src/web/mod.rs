@@ -127,8 +127,8 @@ struct State {
     reconnect_at: Option<Instant>,
     rng: SplitMix64,
     clock: Clock,
-    /// JSON texts of events not yet handed to `emit`.
-    out: Vec<String>,
+    /// The JSON array of the events not yet handed to `emit` (empty: none).
+    out: Writer,
     closed: bool,
     lifecycle: Vec<Listener>,
     /// The newest host token seen on the wire, kept only for the raw-send test hook that proves
@@ -264,8 +264,12 @@ impl ToJson for JsEvent<'_> {
     }
 }
 
-fn to_json<T: ToJson>(v: &T) -> String {
-    json::to_string(v)
+/// Appends an event to the array being built in `out`.
+fn push_event(out: &mut Writer, e: &JsEvent<'_>) {
+    if out.is_empty() {
+        out.open_array();
+    }
+    e.write_json(out);
 }
 
 impl State {
@@ -278,7 +282,7 @@ impl State {
     }
 
     fn push(&mut self, e: JsEvent<'_>) {
-        self.out.push(to_json(&e));
+        push_event(&mut self.out, &e);
     }
 
     /// Drains the core after an input: frames to the socket at once, events to `out`, then the
@@ -310,7 +314,7 @@ impl State {
                         crate::core::Source::Snapshot => "snapshot",
                         crate::core::Source::Peer => "peer",
                     };
-                    let json = to_json(&JsEvent::Host {
+                    let e = JsEvent::Host {
                         assignment,
                         previous_epoch: previous.as_ref().map(|p| p.epoch),
                         via,
@@ -318,8 +322,8 @@ impl State {
                             .view
                             .signed_assignment()
                             .filter(|s| s.assignment.epoch == assignment.epoch),
-                    });
-                    self.out.push(json);
+                    };
+                    push_event(&mut self.out, &e);
                 }
                 Event::Provisional { coordinator } => self.push(JsEvent::Provisional {
                     coordinator: coordinator.as_ref(),
@@ -571,8 +575,8 @@ fn step(rc: &Rc<RefCell<State>>, f: impl FnOnce(&mut State, &Weak<RefCell<State>
         if s.out.is_empty() {
             return;
         }
-        let events = format!("[{}]", s.out.join(","));
-        s.out.clear();
+        s.out.close_array();
+        let events = std::mem::take(&mut s.out).finish();
         (s.emit.clone(), events)
     };
     // A throwing `emit` is the wrapper's bug, not the driver's: the state is already consistent.
@@ -614,7 +618,7 @@ impl Driver {
             reconnect_at: None,
             rng: SplitMix64::new(seed ^ 0xA5A5_A5A5_A5A5_A5A5),
             clock: Clock::new(),
-            out: Vec::new(),
+            out: Writer::new(),
             closed: false,
             lifecycle: Vec::new(),
             last_host_token: None,
@@ -777,7 +781,9 @@ impl Driver {
         let (token, epoch) = s.last_host_token.clone()?;
         let action = Action::new(action).ok()?;
         let payload: Json = codec::decode_body(payload, codec::MAX_CLIENT_FRAME).ok()?;
-        let id = IdempotencyKey::new(format!("raw-{}", js_sys::Date::now() as u64)).ok()?;
+        let mut id = String::from("raw-");
+        json::push_u64(&mut id, js_sys::Date::now() as u64);
+        let id = IdempotencyKey::new(id).ok()?;
         let msg = protocol::ClientMsg::Command {
             id: id.clone(),
             action,
