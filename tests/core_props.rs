@@ -412,6 +412,40 @@ proptest! {
         }
     }
 
+    /// A `presence_batch` has the effect of its changes sent one by one, leaves first, and
+    /// reports one members change.
+    #[test]
+    fn a_presence_batch_acts_as_its_changes_one_by_one(
+        start in prop::collection::vec(presence_member(), 0..8),
+        joined in prop::collection::vec(presence_member(), 0..8),
+        left in prop::collection::vec(presence_member(), 0..8),
+    ) {
+        let fresh = || {
+            let mut v = connected("zz");
+            v.handle_server(
+                at(10),
+                welcome("zz", snapshot(assignment(1, 1, Some("m0")), start.clone(), None), vec![]),
+            );
+            drain(&mut v);
+            v
+        };
+        let (mut batched, mut single) = (fresh(), fresh());
+        batched.handle_server(
+            at(11),
+            ServerMsg::PresenceBatch { joined: joined.clone(), left: left.clone() },
+        );
+        let changes = left.into_iter().map(|m| (m, false)).chain(joined.into_iter().map(|m| (m, true)));
+        for (member, online) in changes {
+            single.handle_server(at(11), ServerMsg::Presence { member, online });
+        }
+        prop_assert_eq!(batched.members(), single.members());
+        let (_, events) = drain(&mut batched);
+        prop_assert_eq!(
+            events.iter().filter(|e| matches!(e, Event::MembersChanged)).count(),
+            1
+        );
+    }
+
     /// A welcome's replay in any order, repeats included (each repeat with its own payload), has
     /// the effect of the same replay sorted by seq with one copy per seq (stably chosen).
     #[test]

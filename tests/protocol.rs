@@ -63,6 +63,10 @@ fn server_messages() -> Vec<ServerMsg> {
             member: member("d", 4),
             online: false,
         },
+        ServerMsg::PresenceBatch {
+            joined: vec![member("e", 5), member("f", 6)],
+            left: vec![member("d", 4)],
+        },
         ServerMsg::CommandResult {
             id: IdempotencyKey::new("k-1").unwrap(),
             outcome: Outcome::Accepted { seq: Seq(10) },

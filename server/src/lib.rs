@@ -38,6 +38,10 @@ pub struct Config {
     pub participant_token_ms: u64,
     /// How often the lease sweeper and publisher poll the store.
     pub sweep_ms: u64,
+    /// At most one presence frame per room per this interval: the first change in a quiet room
+    /// goes out at once, the ones that follow within the interval go out together at its end
+    /// (0: a frame per change). A burst of n joins then costs each member a few frames, not n.
+    pub presence_ms: u64,
     /// Items kept in each room's log (older ones are announced as a discontinuity).
     pub log_keep: i64,
     pub admin_key: Option<String>,
@@ -67,6 +71,7 @@ impl Default for Config {
             http_burst: 100.0,
             participant_token_ms: 600_000,
             sweep_ms: 100,
+            presence_ms: 100,
             log_keep: 10_000,
             admin_key: None,
             webhook_url: None,

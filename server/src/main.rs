@@ -98,6 +98,10 @@ struct ServeArgs {
     /// Lease sweeper / publisher poll interval in milliseconds.
     #[arg(long, env = "HOSTLEASE_SWEEP_MS", default_value_t = 100)]
     sweep_ms: u64,
+    /// At most one presence frame per room per this many milliseconds (changes in between go
+    /// out together; 0: one frame per change).
+    #[arg(long, env = "HOSTLEASE_PRESENCE_MS", default_value_t = 100)]
+    presence_ms: u64,
     /// Host-only actions (comma-separated).
     #[arg(
         long,
@@ -253,6 +257,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             http_rate: a.http_rate,
             http_burst: a.http_rate * 2.0,
             sweep_ms: a.sweep_ms,
+            presence_ms: a.presence_ms,
             admin_key: a.admin_key,
             webhook_url: a.webhook_url,
             webhook_secret: a.webhook_secret,

@@ -42,6 +42,19 @@ pub struct RoomState {
     pub conns: HashMap<SessionId, mpsc::Sender<Direct>>,
     pub next_join: u64,
     pub closed: bool,
+    /// Presence changes not yet sent (see [`Room::announce`]).
+    presence: PresenceQueue,
+}
+
+/// Presence changes waiting for the room's next presence frame.
+#[derive(Default)]
+struct PresenceQueue {
+    joined: Vec<Member>,
+    left: Vec<Member>,
+    /// When the last presence frame went out.
+    last_sent: Option<tokio::time::Instant>,
+    /// A task will send what is queued when the interval has passed.
+    scheduled: bool,
 }
 
 pub struct Room {
@@ -71,6 +84,7 @@ impl Room {
                 conns: HashMap::new(),
                 next_join: 1,
                 closed: false,
+                presence: PresenceQueue::default(),
             }),
             tx: broadcast::channel(4096).0,
             decide: tokio::sync::Mutex::new(()),
@@ -78,6 +92,68 @@ impl Room {
             users: AtomicUsize::new(1),
             loaded: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Tells the room's members that `member` came online or went offline; `st` is this room's
+    /// locked state. At most one presence frame goes out per `interval`: a change in a quiet room
+    /// at once, the changes that follow it within the interval together when it ends (one
+    /// `presence_batch` frame). A session that joins and leaves before its join went out is never
+    /// announced.
+    pub fn announce(
+        self: &Arc<Self>,
+        st: &mut RoomState,
+        member: Member,
+        online: bool,
+        interval: Duration,
+    ) {
+        let q = &mut st.presence;
+        if online {
+            q.joined.push(member);
+        } else if let Some(i) = q.joined.iter().position(|m| m.session == member.session) {
+            q.joined.remove(i);
+        } else {
+            q.left.push(member);
+        }
+        if q.scheduled {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        match q.last_sent.map(|t| t + interval).filter(|due| *due > now) {
+            None => self.send_presence(st, now),
+            Some(due) => {
+                q.scheduled = true;
+                let room = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(due).await;
+                    let mut st = room.state.lock().expect("room lock");
+                    st.presence.scheduled = false;
+                    room.send_presence(&mut st, tokio::time::Instant::now());
+                });
+            }
+        }
+    }
+
+    /// Broadcasts what the presence queue holds: one change as a `presence` frame, more as one
+    /// `presence_batch`.
+    fn send_presence(&self, st: &mut RoomState, now: tokio::time::Instant) {
+        let q = &mut st.presence;
+        let (mut joined, mut left) = (std::mem::take(&mut q.joined), std::mem::take(&mut q.left));
+        let msg = match (joined.len(), left.len()) {
+            (0, 0) => return,
+            (1, 0) => ServerMsg::Presence {
+                member: joined.remove(0),
+                online: true,
+            },
+            (0, 1) => ServerMsg::Presence {
+                member: left.remove(0),
+                online: false,
+            },
+            _ => ServerMsg::PresenceBatch { joined, left },
+        };
+        q.last_sent = Some(now);
+        let _ = self.tx.send(Bcast::Presence {
+            frame: Utf8Bytes::from(encode_server(&msg)),
+        });
     }
 
     pub fn members(&self) -> Vec<Member> {
@@ -558,6 +634,77 @@ mod tests {
     use super::*;
     use crate::store::SqliteStore;
     use hostlease::protocol::{Action, RoomEvent};
+
+    /// The first change in a quiet room goes out at once; what follows within the interval goes
+    /// out in one batch when it ends (a session that came and went in between not at all); after
+    /// a quiet interval a change goes out at once again.
+    #[tokio::test(start_paused = true)]
+    async fn presence_is_sent_at_once_when_quiet_and_batched_within_the_interval() {
+        let room = RoomId::new("p").unwrap();
+        let genesis = Assignment {
+            room: room.clone(),
+            host: None,
+            session: None,
+            epoch: Epoch::ZERO,
+            seq: Seq::ZERO,
+            lease_ms: 6000,
+            reason: Reason::Elected,
+            issued_at: ServerTime(0),
+        };
+        let hub = Arc::new(Room::new(room, genesis.into()));
+        let mut rx = hub.tx.subscribe();
+        let interval = Duration::from_millis(100);
+        let m = |i: u64| Member {
+            id: ParticipantId::new(format!("p{i}")).unwrap(),
+            session: SessionId::new(format!("s{i}")).unwrap(),
+            name: String::new(),
+            join_seq: i,
+            may_host: true,
+        };
+        let announce = |member: Member, online: bool| {
+            let mut st = hub.state.lock().unwrap();
+            hub.announce(&mut st, member, online, interval);
+        };
+        let frame = |b: Bcast| match b {
+            Bcast::Presence { frame } => hostlease::protocol::decode_server(&frame).unwrap(),
+            Bcast::Item { .. } => panic!("an item"),
+        };
+
+        announce(m(0), true);
+        let first = frame(rx.try_recv().expect("sent at once"));
+        assert_eq!(
+            first,
+            ServerMsg::Presence {
+                member: m(0),
+                online: true
+            }
+        );
+        for i in 1..=5 {
+            announce(m(i), true);
+        }
+        announce(m(0), false);
+        announce(m(6), true);
+        announce(m(6), false);
+        assert!(rx.try_recv().is_err(), "held until the interval ends");
+        let batch = frame(rx.recv().await.unwrap());
+        assert_eq!(
+            batch,
+            ServerMsg::PresenceBatch {
+                joined: (1..=5).map(m).collect(),
+                left: vec![m(0)],
+            }
+        );
+        tokio::time::sleep(interval).await;
+        assert!(rx.try_recv().is_err(), "nothing else was queued");
+        announce(m(7), false);
+        assert_eq!(
+            frame(rx.try_recv().expect("quiet again: sent at once")),
+            ServerMsg::Presence {
+                member: m(7),
+                online: false
+            }
+        );
+    }
 
     fn snapshot_of(hub: &Room) -> (Seq, SignedAssignment) {
         let st = hub.state.lock().unwrap();

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::stream::FuturesOrdered;
 use futures_util::{SinkExt, StreamExt};
 use hostlease::core::elect;
@@ -214,6 +214,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         }
     };
     let session = random_session();
+    let presence_interval = Duration::from_millis(app.cfg.presence_ms);
     let (dtx, drx) = mpsc::channel::<Direct>(256);
     // The subscription point: join, snapshot and subscribe under one lock, so that nothing
     // published falls between the snapshot and the stream.
@@ -236,12 +237,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             st.conns.insert(session.clone(), dtx);
             let snapshot = app.snapshot_locked(&room, &st, None);
             let rx = room.tx.subscribe();
-            let _ = room.tx.send(Bcast::Presence {
-                frame: Utf8Bytes::from(encode_server(&ServerMsg::Presence {
-                    member: member.clone(),
-                    online: true,
-                })),
-            });
+            room.announce(&mut st, member.clone(), true, presence_interval);
             Ok((member, snapshot, rx))
         }
     };
@@ -303,12 +299,10 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             Err(e) => tracing::warn!(error = %e, "replace host failed"),
         }
     }
-    let _ = room.tx.send(Bcast::Presence {
-        frame: Utf8Bytes::from(encode_server(&ServerMsg::Presence {
-            member,
-            online: false,
-        })),
-    });
+    {
+        let mut st = room.state.lock().expect("room lock");
+        room.announce(&mut st, member, false, presence_interval);
+    }
     app.release(&room).await;
 }
 

@@ -219,3 +219,51 @@ async fn host_and_participant_commands_become_ordered_room_events() {
         assert_eq!(evs[1].0, evs[0].0 + 1);
     }
 }
+
+/// A burst of joins and leaves (whose presence the server sends in batches) leaves every
+/// member's view with exactly the members that are connected, in election order.
+#[tokio::test]
+async fn a_burst_of_joins_and_leaves_ends_with_every_view_listing_the_members() {
+    let srv = start(test_config()).await;
+    let mut clients = Vec::new();
+    for i in 0..12 {
+        let p = format!("p{i:02}");
+        clients.push(
+            Sdk::join(
+                srv.addr,
+                "burst",
+                join_token(&srv.app_key, "burst", &p, true),
+            )
+            .await,
+        );
+    }
+    let ids = |n: usize| (0..n).map(|i| format!("p{i:02}")).collect::<Vec<_>>();
+    // The members' names, sorted; `None` unless the view keeps them in election order.
+    let listed = |s: &Sdk| {
+        let members = s.view.members();
+        if !members.windows(2).all(|w| w[0].join_seq < w[1].join_seq) {
+            return None;
+        }
+        let mut names: Vec<String> = members.iter().map(|m| m.id.to_string()).collect();
+        names.sort();
+        Some(names)
+    };
+    let all = ids(12);
+    pump_all(
+        "every view lists all twelve members",
+        &mut clients.iter_mut().collect::<Vec<_>>(),
+        |cs| cs.iter().all(|c| listed(c).as_ref() == Some(&all)),
+    )
+    .await;
+    for c in clients.iter_mut().skip(8) {
+        c.leave().await;
+    }
+    clients.truncate(8);
+    let rest = ids(8);
+    pump_all(
+        "the eight who stayed list exactly themselves",
+        &mut clients.iter_mut().collect::<Vec<_>>(),
+        |cs| cs.iter().all(|c| listed(c).as_ref() == Some(&rest)),
+    )
+    .await;
+}

@@ -633,16 +633,15 @@ impl HostView {
                 }
             }
             ServerMsg::Presence { member, online } => {
-                // `members` stays in election order: the member's entry is found by binary
-                // search and a newcomer inserted in place (a frame per join or leave in a room of
-                // a thousand used to sort the whole list).
-                self.members
-                    .retain(|m| !(m.id == member.id && m.session == member.session));
-                if online {
-                    let at = self
-                        .members
-                        .partition_point(|m| election_cmp(m, &member).is_lt());
-                    self.members.insert(at, member);
+                self.presence(member, online);
+                self.events.push_back(Event::MembersChanged);
+            }
+            ServerMsg::PresenceBatch { joined, left } => {
+                for m in left {
+                    self.presence(m, false);
+                }
+                for m in joined {
+                    self.presence(m, true);
                 }
                 self.events.push_back(Event::MembersChanged);
             }
@@ -671,6 +670,20 @@ impl HostView {
                 data,
             }),
             ServerMsg::Error { code, .. } => self.events.push_back(Event::ServerError(code)),
+        }
+    }
+
+    /// One member's presence change. `members` stays in election order: the member's entry is
+    /// found and a newcomer inserted in place by binary search (a frame per join or leave in a
+    /// room of a thousand used to sort the whole list).
+    fn presence(&mut self, member: Member, online: bool) {
+        self.members
+            .retain(|m| !(m.id == member.id && m.session == member.session));
+        if online {
+            let at = self
+                .members
+                .partition_point(|m| election_cmp(m, &member).is_lt());
+            self.members.insert(at, member);
         }
     }
 

@@ -232,6 +232,10 @@ fn validate_server(msg: &ServerMsg) -> Result<(), DecodeError> {
             check(actions.len() <= MAX_ACTIONS, "too many actions")
         }
         ServerMsg::Presence { member, .. } => validate_member(member),
+        ServerMsg::PresenceBatch { joined, left } => {
+            check(joined.len() + left.len() <= MAX_MEMBERS, "too many members")?;
+            joined.iter().chain(left).try_for_each(validate_member)
+        }
         ServerMsg::CommandResult {
             outcome:
                 super::messages::Outcome::Rejected {

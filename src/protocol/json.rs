@@ -59,6 +59,15 @@ impl<'a> Reader<'a> {
         Err(SyntaxError(self.pos))
     }
 
+    /// The text from `start` to here. Both ends are always at ASCII bytes; `str::get` rather
+    /// than indexing keeps the panic path (and the `Debug` formatting it drags along, ~5 KB of
+    /// wasm) out of the build.
+    fn slice(&self, start: usize) -> Result<&'a str> {
+        self.text
+            .get(start..self.pos)
+            .map_or_else(|| self.error(), Ok)
+    }
+
     fn bytes(&self) -> &'a [u8] {
         self.text.as_bytes()
     }
@@ -150,7 +159,7 @@ impl<'a> Reader<'a> {
             match bytes.get(self.pos) {
                 None => return self.error(),
                 Some(b'"') => {
-                    let s = &self.text[start..self.pos];
+                    let s = self.slice(start)?;
                     self.pos += 1;
                     return Ok(Cow::Borrowed(s));
                 }
@@ -159,7 +168,7 @@ impl<'a> Reader<'a> {
                 Some(_) => self.pos += 1,
             }
         }
-        let mut out = String::from(&self.text[start..self.pos]);
+        let mut out = String::from(self.slice(start)?);
         loop {
             match bytes.get(self.pos) {
                 None => return self.error(),
@@ -196,7 +205,7 @@ impl<'a> Reader<'a> {
                     while !matches!(bytes.get(self.pos), None | Some(b'"' | b'\\' | 0..=0x1f)) {
                         self.pos += 1;
                     }
-                    out.push_str(&self.text[run..self.pos]);
+                    out.push_str(self.slice(run)?);
                 }
             }
         }
@@ -325,7 +334,7 @@ impl<'a> Reader<'a> {
             b'-' | b'0'..=b'9' => self.number()?,
             _ => return self.error(),
         }
-        Ok(&self.text[start..self.pos])
+        self.slice(start)
     }
 
     /// Any JSON number (only checked, never converted).
@@ -432,7 +441,8 @@ impl Writer {
                 0..=0x1f => "",
                 _ => continue,
             };
-            self.out.push_str(&s[run..i]);
+            // `i` and `run` sit at ASCII bytes, so `get` always succeeds (see `Reader::slice`).
+            self.out.push_str(s.get(run..i).unwrap_or_default());
             if esc.is_empty() {
                 const HEX: &[u8; 16] = b"0123456789abcdef";
                 self.out.push_str("\\u00");
@@ -443,7 +453,7 @@ impl Writer {
             }
             run = i + 1;
         }
-        self.out.push_str(&s[run..]);
+        self.out.push_str(s.get(run..).unwrap_or_default());
         self.out.push('"');
     }
 

@@ -375,6 +375,13 @@ pub enum ServerMsg {
     },
     /// A member connected or disconnected (soft state, not on the `seq` stream).
     Presence { member: Member, online: bool },
+    /// Several presence changes at once: the server sends at most one presence frame per room
+    /// per interval, and what happened meanwhile comes together. Apply `left`, then `joined`
+    /// (the two never name the same session).
+    PresenceBatch {
+        joined: Vec<Member>,
+        left: Vec<Member>,
+    },
     /// The result of a `command`.
     CommandResult {
         id: IdempotencyKey,

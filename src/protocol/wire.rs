@@ -923,6 +923,10 @@ slots!(PresenceSlots {
     member: Member,
     online: bool,
 });
+slots!(PresenceBatchSlots {
+    joined: Vec<Member>,
+    left: Vec<Member>,
+});
 slots!(SignalFromSlots {
     from: ParticipantId,
     from_session: SessionId,
@@ -980,6 +984,13 @@ pub(super) fn server_msg(r: &mut Reader<'_>, t: &str) -> Result<Option<ServerMsg
             ServerMsg::Presence {
                 member: need(r, s.member)?,
                 online: need(r, s.online)?,
+            }
+        }
+        "presence_batch" => {
+            let s: PresenceBatchSlots = fields(r, tags)?;
+            ServerMsg::PresenceBatch {
+                joined: s.joined.unwrap_or_default(),
+                left: s.left.unwrap_or_default(),
             }
         }
         "command_result" => {
@@ -1074,6 +1085,11 @@ impl ToJson for ServerMsg {
                 open_frame(w, "presence");
                 field(w, "member", member);
                 field(w, "online", online);
+            }
+            ServerMsg::PresenceBatch { joined, left } => {
+                open_frame(w, "presence_batch");
+                field(w, "joined", joined);
+                field(w, "left", left);
             }
             ServerMsg::CommandResult { id, outcome } => {
                 open_frame(w, "command_result");
