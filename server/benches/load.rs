@@ -1605,7 +1605,7 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
         "fan-out: every event is a host command accepted by the server (one SQLite commit with fsync each) and broadcast to the room; the baseline sends the same event frames (re-encoded with the same codec, same sizes) from one publisher connection per room to the same number of `HostView` clients; command failures during fan-out: {failures}"
     ));
     notes.push(format!(
-        "{total} clients are {n_rooms} rooms × {small}: every join sends a presence frame to each member and a snapshot listing every member, so {total} clients in rooms of {room_size} would cost about {}× the frames of rooms of {small}",
+        "{total} clients are {n_rooms} rooms × {small}: every join gets a snapshot listing every member and is announced to the room (at most one presence frame per room per 100 ms, `--presence-ms`), so {total} clients in rooms of {room_size} would cost about {}× the snapshot bytes of rooms of {small}",
         room_size / small
     ));
     let lapsed = std::fs::read_to_string(d.join("server-1.log"))
