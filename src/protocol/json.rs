@@ -262,57 +262,40 @@ impl<'a> Reader<'a> {
     /// An object: `entry` is called with each key and must read (or [`skip`](Self::skip)) its
     /// value.
     pub fn object(&mut self, mut entry: impl FnMut(&mut Self, &str) -> Result<()>) -> Result<()> {
-        self.object_dyn(&mut entry)
-    }
-
-    /// One copy of the loop for every caller (the closures differ, the loop does not).
-    fn object_dyn(&mut self, entry: &mut dyn FnMut(&mut Self, &str) -> Result<()>) -> Result<()> {
-        self.enter(b'{')?;
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            self.depth -= 1;
-            return Ok(());
-        }
-        loop {
-            let key = self.str()?;
-            self.eat(b':')?;
-            entry(self, &key)?;
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b'}') => {
-                    self.pos += 1;
-                    self.depth -= 1;
-                    return Ok(());
-                }
-                _ => return self.error(),
-            }
-        }
+        self.list(b'{', b'}', &mut |r| {
+            let key = r.str()?;
+            r.eat(b':')?;
+            entry(r, &key)
+        })
     }
 
     /// An array: `item` is called for each element and must read it.
     pub fn array(&mut self, mut item: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
-        self.array_dyn(&mut item)
+        self.list(b'[', b']', &mut item)
     }
 
-    fn array_dyn(&mut self, item: &mut dyn FnMut(&mut Self) -> Result<()>) -> Result<()> {
-        self.enter(b'[')?;
-        if self.peek() == Some(b']') {
-            self.pos += 1;
-            self.depth -= 1;
-            return Ok(());
-        }
-        loop {
-            item(self)?;
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b']') => {
-                    self.pos += 1;
-                    self.depth -= 1;
-                    return Ok(());
+    /// `open`, then `item`s separated by commas, then `close`. Not generic: one copy of the loop
+    /// for every caller (the closures differ, the loop does not).
+    fn list(
+        &mut self,
+        open: u8,
+        close: u8,
+        item: &mut dyn FnMut(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        self.enter(open)?;
+        if self.peek() != Some(close) {
+            loop {
+                item(self)?;
+                match self.peek() {
+                    Some(b',') => self.pos += 1,
+                    Some(c) if c == close => break,
+                    _ => return self.error(),
                 }
-                _ => return self.error(),
             }
         }
+        self.pos += 1;
+        self.depth -= 1;
+        Ok(())
     }
 
     /// Checks and passes over any one value; returns its text.
