@@ -564,22 +564,40 @@ async fn publisher(app: Arc<App>) {
     }
 }
 
-/// Works off the outbox into the offline members' durable inboxes.
+/// Works off the outbox into the offline members' durable inboxes, with the connected members of
+/// only the rooms the pending rows are for. (It used to copy every member of every room under the
+/// hub map's lock every 200 ms, pending rows or not, and to read a room's participants again for
+/// each row.)
 async fn notifier(app: Arc<App>) {
     loop {
         tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2)).await;
-        let online: HashSet<(RoomId, ParticipantId)> = {
+        let rows = match app.store.unnotified(256).await {
+            Ok(rows) if rows.is_empty() => continue,
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "outbox notify failed");
+                continue;
+            }
+        };
+        let hubs: Vec<Arc<Room>> = {
+            let rooms: HashSet<&RoomId> = rows.iter().map(|(_, room, _)| room).collect();
             let map = app.rooms.lock().expect("rooms lock");
-            map.values()
-                .flat_map(|r| {
-                    r.members()
-                        .into_iter()
-                        .map(|m| (r.id.clone(), m.id))
-                        .collect::<Vec<_>>()
-                })
+            rooms
+                .into_iter()
+                .filter_map(|r| map.get(r).cloned())
                 .collect()
         };
-        match app.store.notify_pending(&online, 256).await {
+        let online: HashSet<(RoomId, ParticipantId)> = hubs
+            .iter()
+            .flat_map(|r| {
+                let st = r.state.lock().expect("room lock");
+                st.members
+                    .iter()
+                    .map(|m| (r.id.clone(), m.id.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        match app.store.notify(&rows, &online).await {
             Ok(n) => metrics::counter!("hostlease_outbox_notified_total").increment(n as u64),
             Err(e) => tracing::warn!(error = %e, "outbox notify failed"),
         }

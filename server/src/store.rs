@@ -190,13 +190,15 @@ pub trait Store: Send + Sync + 'static {
     /// Outbox rows with id > `after`: `(id, room, item)`.
     async fn outbox_after(&self, after: i64, limit: i64) -> StoreResult<Vec<(i64, RoomId, Item)>>;
     async fn outbox_max_id(&self) -> StoreResult<i64>;
-    /// Works off up to `limit` un-notified outbox rows: writes the inbox of every participant of
-    /// the room not in `online` and marks the row notified, in one transaction each. Returns the
-    /// number handled.
-    async fn notify_pending(
+    /// Up to `limit` outbox rows not yet written to the offline inboxes: `(id, room, item JSON)`.
+    async fn unnotified(&self, limit: i64) -> StoreResult<Vec<(i64, RoomId, String)>>;
+    /// Writes `rows` (from [`Store::unnotified`]) into the inbox of every participant of their
+    /// room who is not in `online`, and marks them notified, a few rows per transaction (rows
+    /// another process claimed meanwhile are skipped). Returns the number written.
+    async fn notify(
         &self,
+        rows: &[(i64, RoomId, String)],
         online: &std::collections::HashSet<(RoomId, ParticipantId)>,
-        limit: i64,
     ) -> StoreResult<usize>;
     /// Claims up to `limit` outbox rows due for webhook delivery (for `claim_ms`, so that another
     /// process does not send them meanwhile): `(id, dedup_key, item JSON, attempts)`.
@@ -221,6 +223,9 @@ pub trait Store: Send + Sync + 'static {
     /// newest `keep` items.
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()>;
 }
+
+/// Outbox rows written to the offline inboxes per transaction.
+const NOTIFY_CHUNK: usize = 16;
 
 pub struct SqliteStore {
     /// Readers (WAL: they never wait for the writer).
@@ -938,53 +943,72 @@ impl Store for SqliteStore {
         Ok(v.unwrap_or(0))
     }
 
-    async fn notify_pending(
-        &self,
-        online: &std::collections::HashSet<(RoomId, ParticipantId)>,
-        limit: i64,
-    ) -> StoreResult<usize> {
+    async fn unnotified(&self, limit: i64) -> StoreResult<Vec<(i64, RoomId, String)>> {
         let rows: Vec<(i64, String, String)> = sqlx::query_as(
             "SELECT id, room, item FROM outbox WHERE notified_at IS NULL ORDER BY id LIMIT ?",
         )
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
-        let n = rows.len();
-        for (id, room, item) in rows {
-            let Ok(room_id) = RoomId::new(room.clone()) else {
-                continue;
-            };
-            let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-            let q = format!(
-                "UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL"
-            );
-            let claimed = sqlx::query(&q)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if claimed == 0 {
-                tx.rollback().await?; // another process got it
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, room, item)| Some((id, RoomId::new(room).ok()?, item)))
+            .collect())
+    }
+
+    async fn notify(
+        &self,
+        rows: &[(i64, RoomId, String)],
+        online: &std::collections::HashSet<(RoomId, ParticipantId)>,
+    ) -> StoreResult<usize> {
+        // Each room's participants are read once per batch (from a reader: the list only grows,
+        // and one who joins meanwhile is online anyway).
+        let mut offline: std::collections::HashMap<&RoomId, Vec<String>> =
+            std::collections::HashMap::new();
+        for (_, room, _) in rows {
+            if offline.contains_key(room) {
                 continue;
             }
             let parts: Vec<String> =
                 sqlx::query_scalar("SELECT participant FROM participants WHERE room = ?")
-                    .bind(&room)
-                    .fetch_all(&mut *tx)
+                    .bind(room.as_str())
+                    .fetch_all(&self.pool)
                     .await?;
-            for p in parts {
-                let Ok(pid) = ParticipantId::new(p.clone()) else {
-                    continue;
-                };
-                if online.contains(&(room_id.clone(), pid)) {
-                    continue;
-                }
-                sqlx::query("INSERT INTO inbox (room, participant, item) VALUES (?, ?, ?)")
-                    .bind(&room)
-                    .bind(&p)
-                    .bind(&item)
+            let away = parts
+                .into_iter()
+                .filter(|p| {
+                    ParticipantId::new(p.as_str())
+                        .is_ok_and(|pid| !online.contains(&(room.clone(), pid)))
+                })
+                .collect();
+            offline.insert(room, away);
+        }
+        // A few rows per transaction: one fsync for several rows, while a grant or command
+        // queued behind on the writer connection waits for a short transaction only.
+        let mut n = 0;
+        for chunk in rows.chunks(NOTIFY_CHUNK) {
+            let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+            for (id, room, item) in chunk {
+                let q = format!(
+                    "UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL"
+                );
+                let claimed = sqlx::query(&q)
+                    .bind(id)
                     .execute(&mut *tx)
-                    .await?;
+                    .await?
+                    .rows_affected();
+                if claimed == 0 {
+                    continue; // another process got it
+                }
+                for p in offline.get(room).into_iter().flatten() {
+                    sqlx::query("INSERT INTO inbox (room, participant, item) VALUES (?, ?, ?)")
+                        .bind(room.as_str())
+                        .bind(p)
+                        .bind(item)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                n += 1;
             }
             tx.commit().await?;
         }

@@ -152,3 +152,62 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
     ));
     assert_eq!(store.group_commits() - before, 2);
 }
+
+/// The offline-inbox notifier writes a batch of outbox rows from several rooms in one go: each
+/// room's participants who are not online get every row of their room, online ones and other
+/// rooms' participants nothing, and a row is written once.
+#[tokio::test]
+async fn a_notified_batch_reaches_exactly_the_offline_participants_of_each_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&format!("sqlite://{}", dir.path().join("n.db").display()))
+        .await
+        .unwrap();
+    let keys = Keypair::generate("k1");
+    let pid = |s: &str| ParticipantId::new(s).unwrap();
+    let (r1, r2) = (RoomId::new("one").unwrap(), RoomId::new("two").unwrap());
+    for (room, people) in [(&r1, ["ann", "bob", "cat"]), (&r2, ["dan", "eve", "fay"])] {
+        for p in people {
+            store.remember_participant(room, &pid(p)).await.unwrap();
+        }
+        for epoch in 0..2 {
+            let grant = GrantReq {
+                room: room.clone(),
+                expected_epoch: Epoch(epoch),
+                holder: Some((pid(people[0]), SessionId::new(format!("s{epoch}")).unwrap())),
+                lease_ms: LEASE,
+                reason: Reason::Elected,
+                require_lapsed: false,
+                close: false,
+            };
+            assert!(matches!(
+                store.grant(grant, &keys).await.unwrap(),
+                GrantOutcome::Won { .. }
+            ));
+        }
+    }
+    let rows = store.unnotified(256).await.unwrap();
+    assert_eq!(rows.len(), 4, "two grants in each room");
+    let online = [(r1.clone(), pid("ann")), (r2.clone(), pid("eve"))]
+        .into_iter()
+        .collect();
+    assert_eq!(store.notify(&rows, &online).await.unwrap(), 4);
+    assert!(store.unnotified(256).await.unwrap().is_empty());
+    assert_eq!(
+        store.notify(&rows, &online).await.unwrap(),
+        0,
+        "written once"
+    );
+    for (room, p, want) in [
+        (&r1, "ann", 0),
+        (&r1, "bob", 2),
+        (&r1, "cat", 2),
+        (&r2, "dan", 2),
+        (&r2, "eve", 0),
+        (&r2, "fay", 2),
+        (&r1, "dan", 0),
+    ] {
+        let got = store.inbox(room, &pid(p), 0, 100).await.unwrap();
+        assert_eq!(got.len(), want, "{p} in {room:?}");
+        assert!(got.iter().all(|e| matches!(e.item, Item::Assignment(_))));
+    }
+}
