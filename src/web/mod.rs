@@ -43,29 +43,37 @@ const SLEEP_THRESHOLD_MS: f64 = 2_000.0;
 /// Local time: `performance.now()`, plus whatever the wall clock advanced beyond it (a sleeping
 /// machine stops `performance.now()` in some browsers). Never goes backwards.
 struct Clock {
+    /// `window.performance`, looked up once: every input reads the clock, and each lookup is
+    /// three calls into JS.
+    performance: Option<web_sys::Performance>,
     last_perf: f64,
     last_wall: f64,
     skew: f64,
 }
 
-fn perf_now() -> f64 {
-    web_sys::window()
-        .and_then(|w| w.performance())
-        .map_or_else(js_sys::Date::now, |p| p.now())
-}
-
 impl Clock {
     fn new() -> Self {
+        let performance = web_sys::window().and_then(|w| w.performance());
+        let last_perf = performance
+            .as_ref()
+            .map_or_else(js_sys::Date::now, |p| p.now());
         Self {
-            last_perf: perf_now(),
+            performance,
+            last_perf,
             last_wall: js_sys::Date::now(),
             skew: 0.0,
         }
     }
 
+    fn perf_now(&self) -> f64 {
+        self.performance
+            .as_ref()
+            .map_or_else(js_sys::Date::now, |p| p.now())
+    }
+
     /// The current instant, and whether a sleep was detected since the last reading.
     fn now(&mut self) -> (Instant, bool) {
-        self.observe(perf_now(), js_sys::Date::now())
+        self.observe(self.perf_now(), js_sys::Date::now())
     }
 
     /// Elapsed time is the larger of the monotonic and the wall-clock deltas.
@@ -373,9 +381,6 @@ impl State {
     /// Re-armed only when that instant changes; the one closure lives as long as the driver (it
     /// may be the code running when the timer is re-armed, so it is never replaced).
     fn arm_timer(&mut self, weak: &Weak<RefCell<State>>) {
-        let Some(window) = web_sys::window() else {
-            return;
-        };
         let next = [self.view.poll_timeout(), self.reconnect_at]
             .into_iter()
             .flatten()
@@ -383,6 +388,10 @@ impl State {
         if next == self.timer_at && (next.is_none() || self.timer.is_some()) {
             return;
         }
+        // Only now: `window()` is two calls into JS, and most steps leave the timer alone.
+        let Some(window) = web_sys::window() else {
+            return;
+        };
         if let Some(t) = self.timer.take() {
             window.clear_timeout_with_handle(t);
         }
@@ -854,6 +863,7 @@ mod tests {
     #[wasm_bindgen_test]
     fn clock_takes_the_larger_delta_and_detects_sleep() {
         let mut c = Clock {
+            performance: None,
             last_perf: 1000.0,
             last_wall: 5000.0,
             skew: 0.0,
