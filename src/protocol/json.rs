@@ -368,6 +368,13 @@ impl Writer {
         Self::default()
     }
 
+    /// Room for `bytes` before the first reallocation.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            out: String::with_capacity(bytes),
+        }
+    }
+
     pub fn finish(self) -> String {
         self.out
     }

@@ -275,6 +275,8 @@ impl ToJson for JsEvent<'_> {
 /// Appends an event to the array being built in `out`.
 fn push_event(out: &mut Writer, e: &JsEvent<'_>) {
     if out.is_empty() {
+        // One allocation for a step's events in the usual case, not a doubling series.
+        *out = Writer::with_capacity(512);
         out.open_array();
     }
     e.write_json(out);
