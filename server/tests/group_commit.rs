@@ -12,6 +12,29 @@ use serde_json::json;
 
 const LEASE: u64 = 60_000;
 
+/// Grants `room` to `holder` over `epoch` (an election), which must win.
+async fn grant_won(
+    store: &SqliteStore,
+    keys: &Keypair,
+    room: &RoomId,
+    epoch: u64,
+    holder: (ParticipantId, SessionId),
+) {
+    let grant = GrantReq {
+        room: room.clone(),
+        expected_epoch: Epoch(epoch),
+        holder: Some(holder),
+        lease_ms: LEASE,
+        reason: Reason::Elected,
+        require_lapsed: false,
+        close: false,
+    };
+    assert!(matches!(
+        store.grant(grant, keys).await.unwrap(),
+        GrantOutcome::Won { .. }
+    ));
+}
+
 enum Req {
     Command(Box<CommandReq>),
     Renew(SessionId),
@@ -32,19 +55,7 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
     let room = RoomId::new("group").unwrap();
     let host = ParticipantId::new("alice").unwrap();
     let sid = SessionId::new("s-alice").unwrap();
-    let grant = GrantReq {
-        room: room.clone(),
-        expected_epoch: Epoch(0),
-        holder: Some((host.clone(), sid.clone())),
-        lease_ms: LEASE,
-        reason: Reason::Elected,
-        require_lapsed: false,
-        close: false,
-    };
-    assert!(matches!(
-        store.grant(grant, &keys).await.unwrap(),
-        GrantOutcome::Won { .. }
-    ));
+    grant_won(&store, &keys, &room, 0, (host.clone(), sid.clone())).await;
     let now = store.now_ms().await.unwrap();
     let action = Action::new("poll.open").unwrap();
     let claims = CapClaims {
@@ -170,19 +181,8 @@ async fn a_notified_batch_reaches_exactly_the_offline_participants_of_each_room(
             store.remember_participant(room, &pid(p)).await.unwrap();
         }
         for epoch in 0..2 {
-            let grant = GrantReq {
-                room: room.clone(),
-                expected_epoch: Epoch(epoch),
-                holder: Some((pid(people[0]), SessionId::new(format!("s{epoch}")).unwrap())),
-                lease_ms: LEASE,
-                reason: Reason::Elected,
-                require_lapsed: false,
-                close: false,
-            };
-            assert!(matches!(
-                store.grant(grant, &keys).await.unwrap(),
-                GrantOutcome::Won { .. }
-            ));
+            let holder = (pid(people[0]), SessionId::new(format!("s{epoch}")).unwrap());
+            grant_won(&store, &keys, room, epoch, holder).await;
         }
     }
     let rows = store.unnotified(256).await.unwrap();
