@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::stream::FuturesOrdered;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use hostlease::core::elect;
 use hostlease::protocol::{
     codec::{decode_client, encode_server, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_REPLAY},
@@ -22,6 +22,8 @@ use hostlease::protocol::{
 };
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::BroadcastStream;
 
 use crate::rooms::{correlation_id, App, Bcast, Direct, Room};
 use crate::store::{CommandDone, CommandReq, Pending};
@@ -339,7 +341,7 @@ impl Conn {
         &mut self,
         snapshot: hostlease::protocol::Snapshot,
         resume: Option<Seq>,
-        mut rx: broadcast::Receiver<Bcast>,
+        rx: broadcast::Receiver<Bcast>,
         mut drx: mpsc::Receiver<Direct>,
         stream: &mut Stream,
     ) -> bool {
@@ -370,6 +372,10 @@ impl Conn {
             });
         }
         let mut shutdown = self.app.shutdown.subscribe();
+        // The room's broadcast as a stream: its receive future lives across the loop's turns, so
+        // a wake for any other reason does not unregister it from (and register it again with)
+        // the channel, under the channel's lock shared by every session of the room.
+        let mut rx = BroadcastStream::new(rx);
         // Commands queued with the store, answered in the order they came: the next frame is
         // read while earlier commands are still being committed (up to `MAX_IN_FLIGHT`).
         let mut commands: Commands = FuturesOrdered::new();
@@ -390,11 +396,11 @@ impl Conn {
                 Some(answer) = commands.next() => {
                     if self.send(&answer).await { Flow::Continue } else { Flow::End(false) }
                 }
-                b = rx.recv() => match b {
-                    Ok(b) => self.on_broadcasts(b, &mut rx).await,
+                b = rx.next() => match b {
+                    Some(Ok(b)) => self.on_broadcasts(b, &mut rx).await,
                     // A slow client: it sees a seq gap on the next item and resumes.
-                    Err(broadcast::error::RecvError::Lagged(_)) => Flow::Continue,
-                    Err(broadcast::error::RecvError::Closed) => Flow::End(false),
+                    Some(Err(BroadcastStreamRecvError::Lagged(_))) => Flow::Continue,
+                    None => Flow::End(false),
                 },
                 d = drx.recv() => match d {
                     Some(Direct::Frame(f)) => {
@@ -628,7 +634,7 @@ impl Conn {
     /// Sends `first` and what else the room has already queued for this connection, up to
     /// `BROADCAST_BATCH` frames, with one flush: a busy room costs a write per batch, not one
     /// per frame. Order is kept (a probe sent on the way flushes what was queued before it).
-    async fn on_broadcasts(&mut self, first: Bcast, rx: &mut broadcast::Receiver<Bcast>) -> Flow {
+    async fn on_broadcasts(&mut self, first: Bcast, rx: &mut BroadcastStream<Bcast>) -> Flow {
         let mut next = Some(first);
         let mut sent = 0;
         while let Some(b) = next.take() {
@@ -639,7 +645,7 @@ impl Conn {
             if sent < BROADCAST_BATCH {
                 // A lag shows up here as an error, as it would at `recv`: the client sees a seq
                 // gap on the next item and resumes from its cursor.
-                next = rx.try_recv().ok();
+                next = rx.next().now_or_never().flatten().and_then(Result::ok);
             }
         }
         if self.sink.flush().await.is_err() {
