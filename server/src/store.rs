@@ -985,14 +985,13 @@ impl Store for SqliteStore {
         }
         // A few rows per transaction: one fsync for several rows, while a grant or command
         // queued behind on the writer connection waits for a short transaction only.
+        let claim =
+            format!("UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL");
         let mut n = 0;
         for chunk in rows.chunks(NOTIFY_CHUNK) {
             let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
             for (id, room, item) in chunk {
-                let q = format!(
-                    "UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL"
-                );
-                let claimed = sqlx::query(&q)
+                let claimed = sqlx::query(&claim)
                     .bind(id)
                     .execute(&mut *tx)
                     .await?

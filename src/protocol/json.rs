@@ -403,6 +403,12 @@ impl Writer {
         self.out.push(']');
     }
 
+    /// An entry of the object being written: `key` and its value.
+    pub fn field<T: ToJson + ?Sized>(&mut self, key: &str, value: &T) {
+        self.key(key);
+        value.write_json(self);
+    }
+
     /// The key of the next entry; its value follows.
     pub fn key(&mut self, key: &str) {
         self.sep();
@@ -551,21 +557,9 @@ impl Json {
     /// argument, such as `host.transfer`'s `to`).
     pub fn get_str(&self, key: &str) -> Option<String> {
         let mut r = Reader::new(&self.0);
-        if r.peek() != Some(b'{') {
-            return None;
-        }
-        let mut found = None;
-        r.object(|r, k| {
-            if k == key && found.is_none() {
-                if let Ok(s) = r.str() {
-                    found = Some(s.into_owned());
-                    return Ok(());
-                }
-            }
-            r.skip().map(drop)
-        })
-        .ok()?;
-        found
+        super::wire::peek_field(&mut r, key, |r| r.str().map(Cow::into_owned))
+            .ok()
+            .flatten()
     }
 }
 

@@ -323,7 +323,7 @@ fn need<T>(r: &Reader<'_>, slot: Option<T>) -> Result<T> {
 
 /// First pass over the object at `r`: the value of `key` (read by `read`), stopping there;
 /// leaves `r` where it was. `Ok(None)`: the object has no such key.
-fn peek_field<'a, T>(
+pub(super) fn peek_field<'a, T>(
     r: &mut Reader<'a>,
     key: &str,
     read: impl Fn(&mut Reader<'a>) -> Result<T>,
@@ -361,22 +361,17 @@ fn tag<'a>(r: &mut Reader<'a>, key: &str) -> Result<Cow<'a, str>> {
 
 // ---- writing objects ----------------------------------------------------------------------------
 
-fn field<T: ToJson + ?Sized>(w: &mut Writer, key: &str, value: &T) {
-    w.key(key);
-    value.write_json(w);
-}
-
 /// A field marked "(may be absent)": left out when `None`.
 fn maybe<T: ToJson>(w: &mut Writer, key: &str, value: &Option<T>) {
     if let Some(v) = value {
-        field(w, key, v);
+        w.field(key, v);
     }
 }
 
 /// Opens an object whose first entry is the tag `key: name`.
 fn open_tagged(w: &mut Writer, key: &str, name: &str) {
     w.open();
-    field(w, key, name);
+    w.field(key, name);
 }
 
 // ---- assignments ------------------------------------------------------------------------------
@@ -419,14 +414,14 @@ fn signed_assignment(r: &mut Reader<'_>, tags: &[&str]) -> Result<SignedAssignme
 
 impl Assignment {
     fn write_fields(&self, w: &mut Writer) {
-        field(w, "room", &self.room);
-        field(w, "host", &self.host);
-        field(w, "session", &self.session);
-        field(w, "epoch", &self.epoch);
-        field(w, "seq", &self.seq);
-        field(w, "lease_ms", &self.lease_ms);
-        field(w, "reason", &self.reason);
-        field(w, "issued_at", &self.issued_at);
+        w.field("room", &self.room);
+        w.field("host", &self.host);
+        w.field("session", &self.session);
+        w.field("epoch", &self.epoch);
+        w.field("seq", &self.seq);
+        w.field("lease_ms", &self.lease_ms);
+        w.field("reason", &self.reason);
+        w.field("issued_at", &self.issued_at);
     }
 }
 
@@ -493,11 +488,11 @@ impl FromJson for Member {
 impl ToJson for Member {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        field(w, "id", &self.id);
-        field(w, "session", &self.session);
-        field(w, "name", &self.name);
-        field(w, "join_seq", &self.join_seq);
-        field(w, "may_host", &self.may_host);
+        w.field("id", &self.id);
+        w.field("session", &self.session);
+        w.field("name", &self.name);
+        w.field("join_seq", &self.join_seq);
+        w.field("may_host", &self.may_host);
         w.close();
     }
 }
@@ -520,8 +515,8 @@ impl FromJson for ActionTable {
 impl ToJson for ActionTable {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        field(w, "host", &self.host);
-        field(w, "participant", &self.participant);
+        w.field("host", &self.host);
+        w.field("participant", &self.participant);
         w.close();
     }
 }
@@ -554,13 +549,13 @@ impl FromJson for Snapshot {
 impl ToJson for Snapshot {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        field(w, "room", &self.room);
-        field(w, "current", &self.current);
-        field(w, "members", &self.members);
-        field(w, "seq", &self.seq);
+        w.field("room", &self.room);
+        w.field("current", &self.current);
+        w.field("members", &self.members);
+        w.field("seq", &self.seq);
         maybe(w, "lease_remaining_ms", &self.lease_remaining_ms);
-        field(w, "server_time", &self.server_time);
-        field(w, "actions", &self.actions);
+        w.field("server_time", &self.server_time);
+        w.field("actions", &self.actions);
         w.close();
     }
 }
@@ -590,12 +585,12 @@ fn room_event(r: &mut Reader<'_>, tags: &[&str]) -> Result<RoomEvent> {
 
 impl RoomEvent {
     fn write_fields(&self, w: &mut Writer) {
-        field(w, "seq", &self.seq);
-        field(w, "epoch", &self.epoch);
-        field(w, "actor", &self.actor);
-        field(w, "action", &self.action);
-        field(w, "payload", &self.payload);
-        field(w, "at", &self.at);
+        w.field("seq", &self.seq);
+        w.field("epoch", &self.epoch);
+        w.field("actor", &self.actor);
+        w.field("action", &self.action);
+        w.field("payload", &self.payload);
+        w.field("at", &self.at);
     }
 }
 
@@ -662,8 +657,8 @@ impl FromJson for Gap {
 impl ToJson for Gap {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        field(w, "from", &self.from);
-        field(w, "to", &self.to);
+        w.field("from", &self.from);
+        w.field("to", &self.to);
         w.close();
     }
 }
@@ -727,16 +722,16 @@ impl Outcome {
     fn write_fields(&self, w: &mut Writer) {
         match self {
             Outcome::Accepted { seq } => {
-                field(w, "outcome", "accepted");
-                field(w, "seq", seq);
+                w.field("outcome", "accepted");
+                w.field("seq", seq);
             }
             Outcome::Rejected {
                 code,
                 current,
                 retry_after_ms,
             } => {
-                field(w, "outcome", "rejected");
-                field(w, "code", code);
+                w.field("outcome", "rejected");
+                w.field("code", code);
                 maybe(w, "current", current);
                 maybe(w, "retry_after_ms", retry_after_ms);
             }
@@ -782,8 +777,8 @@ impl FromJson for CommandRequest {
 impl ToJson for CommandRequest {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        field(w, "action", &self.action);
-        field(w, "payload", &self.payload);
+        w.field("action", &self.action);
+        w.field("payload", &self.payload);
         maybe(w, "epoch", &self.epoch);
         w.close();
     }
@@ -807,8 +802,8 @@ impl FromJson for InboxEntry {
 impl ToJson for InboxEntry {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        field(w, "cursor", &self.cursor);
-        field(w, "item", &self.item);
+        w.field("cursor", &self.cursor);
+        w.field("item", &self.item);
         w.close();
     }
 }
@@ -831,7 +826,7 @@ impl FromJson for InboxPage {
 impl ToJson for InboxPage {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        field(w, "entries", &self.entries);
+        w.field("entries", &self.entries);
         maybe(w, "next", &self.next);
         w.close();
     }
@@ -857,9 +852,9 @@ impl FromJson for PublicKey {
 impl ToJson for PublicKey {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        field(w, "kid", &self.kid);
-        field(w, "alg", &self.alg);
-        field(w, "x", &self.x);
+        w.field("kid", &self.kid);
+        w.field("alg", &self.alg);
+        w.field("x", &self.x);
         w.close();
     }
 }
@@ -878,7 +873,7 @@ impl FromJson for KeySet {
 impl ToJson for KeySet {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        field(w, "keys", &self.keys);
+        w.field("keys", &self.keys);
         w.close();
     }
 }
@@ -1023,8 +1018,8 @@ pub(super) fn server_msg(r: &mut Reader<'_>, t: &str) -> Result<Option<ServerMsg
 
 fn open_frame(w: &mut Writer, t: &str) {
     w.open();
-    field(w, "v", &u64::from(PROTOCOL_VERSION));
-    field(w, "t", t);
+    w.field("v", &u64::from(PROTOCOL_VERSION));
+    w.field("t", t);
 }
 
 impl ToJson for ServerMsg {
@@ -1038,10 +1033,10 @@ impl ToJson for ServerMsg {
                 discontinuity,
             } => {
                 open_frame(w, "welcome");
-                field(w, "you", you);
-                field(w, "session", session);
-                field(w, "snapshot", snapshot);
-                field(w, "missed", missed);
+                w.field("you", you);
+                w.field("session", session);
+                w.field("snapshot", snapshot);
+                w.field("missed", missed);
                 maybe(w, "discontinuity", discontinuity);
             }
             ServerMsg::Assignment(a) => {
@@ -1054,8 +1049,8 @@ impl ToJson for ServerMsg {
             }
             ServerMsg::LeaseProbe { nonce, epoch } => {
                 open_frame(w, "lease_probe");
-                field(w, "nonce", nonce);
-                field(w, "epoch", epoch);
+                w.field("nonce", nonce);
+                w.field("epoch", epoch);
             }
             ServerMsg::LeaseConfirm {
                 nonce,
@@ -1063,9 +1058,9 @@ impl ToJson for ServerMsg {
                 remaining_ms,
             } => {
                 open_frame(w, "lease_confirm");
-                field(w, "nonce", nonce);
-                field(w, "epoch", epoch);
-                field(w, "remaining_ms", remaining_ms);
+                w.field("nonce", nonce);
+                w.field("epoch", epoch);
+                w.field("remaining_ms", remaining_ms);
             }
             ServerMsg::Capability {
                 role,
@@ -1075,31 +1070,31 @@ impl ToJson for ServerMsg {
                 expires_in_ms,
             } => {
                 open_frame(w, "capability");
-                field(w, "role", role);
-                field(w, "token", token);
+                w.field("role", role);
+                w.field("token", token);
                 maybe(w, "epoch", epoch);
-                field(w, "actions", actions);
-                field(w, "expires_in_ms", expires_in_ms);
+                w.field("actions", actions);
+                w.field("expires_in_ms", expires_in_ms);
             }
             ServerMsg::Presence { member, online } => {
                 open_frame(w, "presence");
-                field(w, "member", member);
-                field(w, "online", online);
+                w.field("member", member);
+                w.field("online", online);
             }
             ServerMsg::PresenceBatch { joined, left } => {
                 open_frame(w, "presence_batch");
-                field(w, "joined", joined);
-                field(w, "left", left);
+                w.field("joined", joined);
+                w.field("left", left);
             }
             ServerMsg::CommandResult { id, outcome } => {
                 open_frame(w, "command_result");
-                field(w, "id", id);
+                w.field("id", id);
                 outcome.write_fields(w);
             }
             ServerMsg::Discontinuity(g) => {
                 open_frame(w, "discontinuity");
-                field(w, "from", &g.from);
-                field(w, "to", &g.to);
+                w.field("from", &g.from);
+                w.field("to", &g.to);
             }
             ServerMsg::Signal {
                 from,
@@ -1107,14 +1102,14 @@ impl ToJson for ServerMsg {
                 data,
             } => {
                 open_frame(w, "signal");
-                field(w, "from", from);
-                field(w, "from_session", from_session);
-                field(w, "data", data);
+                w.field("from", from);
+                w.field("from_session", from_session);
+                w.field("data", data);
             }
             ServerMsg::Error { code, message } => {
                 open_frame(w, "error");
-                field(w, "code", code);
-                field(w, "message", message);
+                w.field("code", code);
+                w.field("message", message);
             }
         }
         w.close();
@@ -1202,17 +1197,17 @@ impl ToJson for ClientMsg {
                 epoch_seen,
             } => {
                 open_frame(w, "hello");
-                field(w, "token", token);
+                w.field("token", token);
                 maybe(w, "resume", resume);
                 maybe(w, "epoch_seen", epoch_seen);
             }
             ClientMsg::Resume { cursor } => {
                 open_frame(w, "resume");
-                field(w, "cursor", cursor);
+                w.field("cursor", cursor);
             }
             ClientMsg::LeaseEcho { nonce } => {
                 open_frame(w, "lease_echo");
-                field(w, "nonce", nonce);
+                w.field("nonce", nonce);
             }
             ClientMsg::Leave => open_frame(w, "leave"),
             ClientMsg::Command {
@@ -1223,11 +1218,11 @@ impl ToJson for ClientMsg {
                 capability,
             } => {
                 open_frame(w, "command");
-                field(w, "id", id);
-                field(w, "action", action);
-                field(w, "payload", payload);
+                w.field("id", id);
+                w.field("action", action);
+                w.field("payload", payload);
                 maybe(w, "epoch", epoch);
-                field(w, "capability", capability);
+                w.field("capability", capability);
             }
             ClientMsg::Signal {
                 to,
@@ -1235,9 +1230,9 @@ impl ToJson for ClientMsg {
                 data,
             } => {
                 open_frame(w, "signal");
-                field(w, "to", to);
+                w.field("to", to);
                 maybe(w, "to_session", to_session);
-                field(w, "data", data);
+                w.field("data", data);
             }
         }
         w.close();

@@ -193,19 +193,14 @@ enum JsEvent<'a> {
     TokenNeeded,
 }
 
-fn field<T: ToJson + ?Sized>(w: &mut Writer, key: &str, value: &T) {
-    w.key(key);
-    value.write_json(w);
-}
-
 impl ToJson for JsEvent<'_> {
     fn write_json(&self, w: &mut Writer) {
         w.open();
-        let ty = |w: &mut Writer, name: &str| field(w, "type", name);
+        let ty = |w: &mut Writer, name: &str| w.field("type", name);
         match self {
             JsEvent::Connection { phase } => {
                 ty(w, "connection");
-                field(w, "phase", *phase);
+                w.field("phase", *phase);
             }
             JsEvent::Host {
                 assignment,
@@ -214,47 +209,47 @@ impl ToJson for JsEvent<'_> {
                 signed,
             } => {
                 ty(w, "host");
-                field(w, "assignment", *assignment);
-                field(w, "previous_epoch", previous_epoch);
-                field(w, "via", *via);
-                field(w, "signed", signed);
+                w.field("assignment", *assignment);
+                w.field("previous_epoch", previous_epoch);
+                w.field("via", *via);
+                w.field("signed", signed);
             }
             JsEvent::Provisional { coordinator } => {
                 ty(w, "provisional");
-                field(w, "coordinator", coordinator);
+                w.field("coordinator", coordinator);
             }
             JsEvent::Members => ty(w, "members"),
             JsEvent::Lease { state } => {
                 ty(w, "lease");
-                field(w, "state", *state);
+                w.field("state", *state);
             }
             JsEvent::Event { event } => {
                 ty(w, "event");
-                field(w, "event", *event);
+                w.field("event", *event);
             }
             JsEvent::Discontinuity { from, to } => {
                 ty(w, "discontinuity");
-                field(w, "from", from);
-                field(w, "to", to);
+                w.field("from", from);
+                w.field("to", to);
             }
             JsEvent::CommandQueued { id } => {
                 ty(w, "command_queued");
-                field(w, "id", *id);
+                w.field("id", *id);
             }
             JsEvent::CommandAccepted { id, seq } => {
                 ty(w, "command_accepted");
-                field(w, "id", *id);
-                field(w, "seq", seq);
+                w.field("id", *id);
+                w.field("seq", seq);
             }
             JsEvent::CommandFailed { id, code } => {
                 ty(w, "command_failed");
-                field(w, "id", *id);
-                field(w, "code", *code);
+                w.field("id", *id);
+                w.field("code", *code);
             }
             JsEvent::Error { code, message } => {
                 ty(w, "error");
-                field(w, "code", *code);
-                field(w, "message", *message);
+                w.field("code", *code);
+                w.field("message", *message);
             }
             JsEvent::Signal {
                 from,
@@ -262,9 +257,9 @@ impl ToJson for JsEvent<'_> {
                 data,
             } => {
                 ty(w, "signal");
-                field(w, "from", *from);
-                field(w, "from_session", *from_session);
-                field(w, "data", *data);
+                w.field("from", *from);
+                w.field("from_session", *from_session);
+                w.field("data", *data);
             }
             JsEvent::TokenNeeded => ty(w, "token_needed"),
         }
@@ -746,30 +741,30 @@ impl Driver {
         let a = v.assignment();
         let mut w = Writer::new();
         w.open();
-        field(&mut w, "phase", v.phase().as_str());
-        field(&mut w, "host", &a.and_then(|a| a.host.as_ref()));
-        field(&mut w, "hostSession", &a.and_then(|a| a.session.as_ref()));
-        field(&mut w, "epoch", &v.epoch());
-        field(&mut w, "me", &v.me());
-        field(&mut w, "session", &v.session());
-        field(&mut w, "amHost", &v.has_authority(now));
-        field(&mut w, "namedHost", &v.is_named_host());
-        field(&mut w, "lease", v.lease().as_str());
-        field(&mut w, "provisional", &v.provisional());
-        field(&mut w, "members", v.members());
-        field(&mut w, "cursor", &v.cursor());
-        field(&mut w, "actions", v.actions());
+        w.field("phase", v.phase().as_str());
+        w.field("host", &a.and_then(|a| a.host.as_ref()));
+        w.field("hostSession", &a.and_then(|a| a.session.as_ref()));
+        w.field("epoch", &v.epoch());
+        w.field("me", &v.me());
+        w.field("session", &v.session());
+        w.field("amHost", &v.has_authority(now));
+        w.field("namedHost", &v.is_named_host());
+        w.field("lease", v.lease().as_str());
+        w.field("provisional", &v.provisional());
+        w.field("members", v.members());
+        w.field("cursor", &v.cursor());
+        w.field("actions", v.actions());
         w.key("pending");
         w.open_array();
         for (id, action, queued) in v.pending() {
             w.open();
-            field(&mut w, "id", id);
-            field(&mut w, "action", action);
-            field(&mut w, "queued", &queued);
+            w.field("id", id);
+            w.field("action", action);
+            w.field("queued", &queued);
             w.close();
         }
         w.close_array();
-        field(&mut w, "signed", &v.signed_assignment());
+        w.field("signed", &v.signed_assignment());
         w.close();
         w.finish()
     }
