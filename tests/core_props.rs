@@ -385,9 +385,27 @@ fn after_welcome(missed: Vec<Item>, snap_seq: u64) -> (Vec<Event>, Seq) {
     (ev, v.cursor())
 }
 
+/// The plain model of one presence change. An entry's key is its election key (join seq, id,
+/// session): a join replaces the entry with its key or adds one; a leave removes the entry with
+/// its key, or, when no entry has it, every entry of its session. Then sort into election order.
+fn model_presence(model: &mut Vec<Member>, member: Member, online: bool) {
+    let key = |m: &Member| (m.join_seq, m.id.clone(), m.session.clone());
+    match model.iter().position(|m| key(m) == key(&member)) {
+        Some(i) => {
+            model.remove(i);
+            if online {
+                model.push(member);
+            }
+        }
+        None if online => model.push(member),
+        None => model.retain(|m| !(m.id == member.id && m.session == member.session)),
+    }
+    sort_members(model);
+}
+
 proptest! {
-    /// Presence frames keep `members` equal to the plain model: drop every entry of the member's
-    /// session, add it back if online, sort into election order.
+    /// Presence frames (and a welcome's member list, each member a join) keep `members` equal
+    /// to the plain model, `model_presence`.
     #[test]
     fn presence_frames_keep_members_as_the_model_does(
         start in prop::collection::vec(presence_member(), 0..8),
@@ -398,15 +416,13 @@ proptest! {
             at(10),
             welcome("zz", snapshot(assignment(1, 1, Some("m0")), start.clone(), None), vec![]),
         );
-        let mut model = start;
-        sort_members(&mut model);
+        let mut model = Vec::new();
+        for m in start {
+            model_presence(&mut model, m, true);
+        }
         prop_assert_eq!(v.members(), &model[..]);
         for (i, (member, online)) in frames.into_iter().enumerate() {
-            model.retain(|m| !(m.id == member.id && m.session == member.session));
-            if online {
-                model.push(member.clone());
-                sort_members(&mut model);
-            }
+            model_presence(&mut model, member.clone(), online);
             v.handle_server(at(11 + i as u64), ServerMsg::Presence { member, online });
             prop_assert_eq!(v.members(), &model[..]);
         }

@@ -11,7 +11,8 @@
 //!
 //! Scale for a quick try: `HOSTLEASE_BENCH_ROOM_SIZE` (1000; the failover room and the first
 //! fan-out), `HOSTLEASE_BENCH_CLIENTS` (10000) in rooms of `HOSTLEASE_BENCH_SMALL_ROOM` (100);
-//! `HOSTLEASE_BENCH_KEEP=1` keeps the SQLite files and server logs.
+//! `HOSTLEASE_BENCH_KEEP=1` keeps the SQLite files and server logs;
+//! `HOSTLEASE_BENCH_ONLY=failover` stops after the explicit-leave failover rounds and prints them.
 //! Every wait has a time bound; the whole run takes a few minutes on a 2-core machine.
 
 use std::collections::HashMap;
@@ -888,14 +889,17 @@ fn baseline_welcome(room: &str, ev: &RoomEvent) -> ServerMsg {
 }
 
 /// The same frames (the captured events, renumbered so that each run continues the stream) to
-/// the same number of clients through the baseline broadcaster. Returns deliveries/s per run.
+/// the same number of clients through the baseline broadcaster. Returns deliveries/s per run,
+/// and, after `one_frame_rounds` rounds of one signed assignment each (the failover's frame),
+/// the time from its publication until each client held it, ms.
 async fn fanout_baseline(
     g: &mut Gen,
     addr: SocketAddr,
     captured: &[Vec<RoomEvent>],
     room_size: usize,
     runs: usize,
-) -> Vec<f64> {
+    one_frame_rounds: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let mut rooms = Vec::new();
     for (i, evs) in captured.iter().enumerate() {
         let name = format!("base-{i}");
@@ -909,7 +913,7 @@ async fn fanout_baseline(
         };
         if !fill_room(g, &mut r, room_size, &target).await {
             eprintln!("baseline: clients did not all connect");
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
         rooms.push(r);
     }
@@ -991,8 +995,54 @@ async fn fanout_baseline(
         let total: usize = captured.iter().map(Vec::len).sum::<usize>() * room_size;
         out.push(total as f64 / ((end - start) as f64 / 1e9));
     }
+    let mut one = Vec::new();
+    if let (Some(evs), Some(r)) = (captured.first(), rooms.first()) {
+        let url = format!("ws://{addr}/pub/{}", r.name);
+        let (mut ws, _) = tokio_tungstenite::connect_async_with_config(url, None, true)
+            .await
+            .expect("publisher connects");
+        for round in 0..one_frame_rounds {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let e0 = evs[0].epoch.0 + round as u64;
+            let a = Assignment {
+                room: RoomId::new(r.name.as_str()).unwrap(),
+                host: Some(ParticipantId::new(format!("p-next-{round}")).unwrap()),
+                session: Some(SessionId::new(format!("s-next-{round}")).unwrap()),
+                epoch: Epoch(e0 + 1),
+                seq: Seq((runs * evs.len() + round + 1) as u64),
+                lease_ms: LEASE_MS,
+                reason: Reason::Left,
+                issued_at: ServerTime(tokens_now()),
+            };
+            let frame = encode_server(&ServerMsg::Assignment(g.app_key.sign_assignment(a)));
+            let start = ns();
+            if ws.send(Message::Text(frame.into())).await.is_err() {
+                break;
+            }
+            let held = |c: &Client| c.sh.epoch.load(Ordering::Acquire) > e0;
+            if !wait_until(Duration::from_secs(10), || r.clients.iter().all(held)).await {
+                eprintln!("baseline: not every client got the assignment within the bound");
+                break;
+            }
+            let lat: Vec<f64> = r
+                .clients
+                .iter()
+                .map(|c| ms(c.sh.epoch_at.load(RELAXED).saturating_sub(start)))
+                .collect();
+            eprintln!(
+                "[load]   baseline round: all hold after {:.1} ms",
+                lat.iter().copied().fold(0.0, f64::max)
+            );
+            one.extend(lat);
+        }
+        let _ = ws.close(None).await;
+    }
     quit_all(&rooms).await;
-    out
+    (out, one)
+}
+
+fn tokens_now() -> u64 {
+    hostlease_server::tokens::now_ms()
 }
 
 struct Failover {
@@ -1052,9 +1102,10 @@ async fn failover(
         f.samples.extend(lat.iter().map(|&n| ms(n)));
         f.all_hold.push(ms(max));
         eprintln!(
-            "[load]   round: {} clients hold epoch > {e0} after {:.1} ms",
+            "[load]   round: {} clients hold epoch > {e0} after {:.1} ms (first {:.1} ms)",
             lat.len(),
-            ms(max)
+            ms(max),
+            ms(lat.iter().copied().min().unwrap_or(0))
         );
         if silent {
             f.since_renewal.push(ms(start + max - renewed));
@@ -1438,6 +1489,18 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     let (fan1, cap1) = fanout_runs(&mut rooms[..1], per_room_1, FANOUT_RUNS, room_size).await;
     eprintln!("[load] failover after explicit leave ...");
     let leave = failover(&mut g, &mut rooms[0], LEAVE_ROUNDS, false, &target).await;
+    if std::env::var("HOSTLEASE_BENCH_ONLY").is_ok_and(|v| v == "failover") {
+        let mut v = leave.samples.clone();
+        v.sort_by(f64::total_cmp);
+        println!(
+            "failover after an explicit leave, {room_size} clients: p50 {:.1} ms, p99 {:.1} ms",
+            percentile(&v, 0.5),
+            percentile(&v, 0.99)
+        );
+        quit_all(&rooms).await;
+        server.stop();
+        return;
+    }
     eprintln!("[load] silent loss ...");
     let silent = failover(&mut g, &mut rooms[0], SILENT_ROUNDS, true, &target).await;
 
@@ -1491,15 +1554,27 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     eprintln!("[load] baseline broadcaster ...");
     let baseline = spawn_baseline(d);
     let base1 = if cap1.is_empty() {
-        Vec::new()
+        (Vec::new(), Vec::new())
     } else {
-        fanout_baseline(&mut g, baseline.addr, &cap1, room_size, FANOUT_RUNS).await
+        fanout_baseline(
+            &mut g,
+            baseline.addr,
+            &cap1,
+            room_size,
+            FANOUT_RUNS,
+            LEAVE_ROUNDS,
+        )
+        .await
     };
+    let (base1, mut base_one) = base1;
+    base_one.sort_by(f64::total_cmp);
     eprintln!("[load] baseline {room_size}: {base1:?}");
     let base_n = if cap_n.is_empty() {
         Vec::new()
     } else {
-        fanout_baseline(&mut g, baseline.addr, &cap_n, small, FANOUT_RUNS).await
+        fanout_baseline(&mut g, baseline.addr, &cap_n, small, FANOUT_RUNS, 0)
+            .await
+            .0
     };
     eprintln!("[load] baseline {total}: {base_n:?}");
     drop(baseline);
@@ -1509,13 +1584,27 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     s.sort_by(f64::total_cmp);
     let p99 = percentile(&s, 0.99);
     rows.push(format!(
-        "| failover after an explicit leave, {room_size} clients: each client holds the new assignment ({} rounds, {} samples) | p50 {:.1} ms, p99 {:.1} ms; all hold after median {:.1} ms, max {:.1} ms | — | — | p99 ≤ 20 ms: {} |",
+        "| failover after an explicit leave, {room_size} clients: each client holds the new assignment ({} rounds, {} samples) | p50 {:.1} ms, p99 {:.1} ms; all hold after median {:.1} ms, max {:.1} ms | {} | {} | p99 ≤ 20 ms: {} |",
         leave.all_hold.len(),
         s.len(),
         percentile(&s, 0.5),
         p99,
         median(leave.all_hold.clone()),
         leave.all_hold.iter().copied().fold(0.0, f64::max),
+        if base_one.is_empty() {
+            "—".to_string()
+        } else {
+            format!(
+                "one signed assignment frame published to {room_size} clients: p50 {:.1} ms, p99 {:.1} ms",
+                percentile(&base_one, 0.5),
+                percentile(&base_one, 0.99)
+            )
+        },
+        if base_one.is_empty() {
+            "—".to_string()
+        } else {
+            format!("p99 {:.2}× the baseline's", p99 / percentile(&base_one, 0.99))
+        },
         if p99 <= 20.0 { "met" } else { "**not met**" }
     ));
     let mut ss = silent.samples.clone();

@@ -133,6 +133,20 @@ impl Room {
         }
     }
 
+    /// Tells the room that `member` left after its departure made a grant that has just been
+    /// published. That assignment was this interval's frame to every member, so the departure
+    /// waits for the interval's end instead of racing the assignment to the same sockets (with
+    /// an interval of 0 it goes at once).
+    pub fn announce_after_grant(
+        self: &Arc<Self>,
+        st: &mut RoomState,
+        member: Member,
+        interval: Duration,
+    ) {
+        st.presence.last_sent = Some(tokio::time::Instant::now());
+        self.announce(st, member, false, interval);
+    }
+
     /// Broadcasts what the presence queue holds: one change as a `presence` frame, more as one
     /// `presence_batch`.
     fn send_presence(&self, st: &mut RoomState, now: tokio::time::Instant) {
@@ -181,18 +195,19 @@ impl Room {
         self.published.notify_waiters();
     }
 
-    /// Waits (at most `bound`) until the item with `seq` has been published here.
-    pub async fn wait_published(&self, seq: Seq, bound: Duration) {
+    /// Waits (at most `bound`) until the item with `seq` has been published here; `false` when
+    /// the bound passed first.
+    pub async fn wait_published(&self, seq: Seq, bound: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + bound;
         loop {
             let notified = self.published.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.state.lock().expect("room lock").seq >= seq {
-                return;
+                return true;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return;
+                return false;
             }
         }
     }
@@ -653,14 +668,10 @@ mod tests {
     use crate::store::SqliteStore;
     use hostlease::protocol::{Action, RoomEvent};
 
-    /// The first change in a quiet room goes out at once; what follows within the interval goes
-    /// out in one batch when it ends (a session that came and went in between not at all); after
-    /// a quiet interval a change goes out at once again.
-    #[tokio::test(start_paused = true)]
-    async fn presence_is_sent_at_once_when_quiet_and_batched_within_the_interval() {
-        let room = RoomId::new("p").unwrap();
-        let genesis = Assignment {
-            room: room.clone(),
+    /// A hostless room's first assignment.
+    fn genesis(room: &str) -> Assignment {
+        Assignment {
+            room: RoomId::new(room).unwrap(),
             host: None,
             session: None,
             epoch: Epoch::ZERO,
@@ -668,17 +679,28 @@ mod tests {
             lease_ms: 6000,
             reason: Reason::Elected,
             issued_at: ServerTime(0),
-        };
-        let hub = Arc::new(Room::new(room, genesis.into()));
-        let mut rx = hub.tx.subscribe();
-        let interval = Duration::from_millis(100);
-        let m = |i: u64| Member {
+        }
+    }
+
+    fn member(i: u64) -> Member {
+        Member {
             id: ParticipantId::new(format!("p{i}")).unwrap(),
             session: SessionId::new(format!("s{i}")).unwrap(),
             name: String::new(),
             join_seq: i,
             may_host: true,
-        };
+        }
+    }
+
+    /// The first change in a quiet room goes out at once; what follows within the interval goes
+    /// out in one batch when it ends (a session that came and went in between not at all); after
+    /// a quiet interval a change goes out at once again.
+    #[tokio::test(start_paused = true)]
+    async fn presence_is_sent_at_once_when_quiet_and_batched_within_the_interval() {
+        let hub = Arc::new(Room::new(RoomId::new("p").unwrap(), genesis("p").into()));
+        let mut rx = hub.tx.subscribe();
+        let interval = Duration::from_millis(100);
+        let m = member;
         let announce = |member: Member, online: bool| {
             let mut st = hub.state.lock().unwrap();
             hub.announce(&mut st, member, online, interval);
@@ -722,6 +744,35 @@ mod tests {
                 online: false
             }
         );
+    }
+
+    /// A departure that made a grant waits for the interval's end: the assignment, published
+    /// just before, was the room's frame for it. With an interval of 0 it goes at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_departure_after_a_grant_waits_for_the_interval() {
+        let hub = Arc::new(Room::new(RoomId::new("g").unwrap(), genesis("g").into()));
+        let mut rx = hub.tx.subscribe();
+        let interval = Duration::from_millis(100);
+        let leave = |i: u64, interval: Duration| {
+            let mut st = hub.state.lock().unwrap();
+            hub.announce_after_grant(&mut st, member(i), interval);
+        };
+        leave(1, interval);
+        assert!(rx.try_recv().is_err(), "held behind the assignment");
+        let t = tokio::time::Instant::now();
+        let Bcast::Presence { frame } = rx.recv().await.unwrap() else {
+            panic!("an item")
+        };
+        assert_eq!(t.elapsed(), interval);
+        assert_eq!(
+            hostlease::protocol::decode_server(&frame).unwrap(),
+            ServerMsg::Presence {
+                member: member(1),
+                online: false
+            }
+        );
+        leave(2, Duration::ZERO);
+        assert!(rx.try_recv().is_ok(), "no interval: at once");
     }
 
     fn snapshot_of(hub: &Room) -> (Seq, SignedAssignment) {

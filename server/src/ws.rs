@@ -291,19 +291,24 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         st.members.retain(|m| m.session != session);
         st.conns.remove(&session);
     }
+    let mut granted = false;
     if explicit {
         match app
             .replace_host(&room, &session, Reason::Left, &correlation_id())
             .await
         {
-            Ok(Some(seq)) => room.wait_published(seq, PUBLISH_WAIT).await,
+            Ok(Some(seq)) => granted = room.wait_published(seq, PUBLISH_WAIT).await,
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "replace host failed"),
         }
     }
     {
         let mut st = room.state.lock().expect("room lock");
-        room.announce(&mut st, member, false, presence_interval);
+        if granted {
+            room.announce_after_grant(&mut st, member, presence_interval);
+        } else {
+            room.announce(&mut st, member, false, presence_interval);
+        }
     }
     app.release(&room).await;
 }
