@@ -82,6 +82,30 @@ impl Default for Config {
     }
 }
 
+/// The default accept backlog. A reconnect storm opens thousands of connections at once; a
+/// connection that finds the accept queue full has its SYN dropped and retries only after a
+/// second. The kernel caps the value at `net.core.somaxconn`.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds a listener on `addr` (the first address it resolves to) with an accept backlog of
+/// `backlog` (tokio's `TcpListener::bind` uses 1,024).
+pub async fn listen(addr: &str, backlog: u32) -> std::io::Result<tokio::net::TcpListener> {
+    let addr = tokio::net::lookup_host(addr).await?.next().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the address resolves to nothing",
+        )
+    })?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then stops the background tasks.
 pub async fn serve(
     app: Arc<App>,

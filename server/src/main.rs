@@ -124,6 +124,10 @@ struct ServeArgs {
     max_members: usize,
     #[arg(long, env = "HOSTLEASE_MAX_CONNECTIONS", default_value_t = 20_000)]
     max_connections: usize,
+    /// Accept backlog: connections the kernel queues until they are accepted (capped by
+    /// `net.core.somaxconn`). Past it, a new connection's SYN is dropped and retried after 1 s.
+    #[arg(long, env = "HOSTLEASE_LISTEN_BACKLOG", default_value_t = hostlease_server::LISTEN_BACKLOG)]
+    listen_backlog: u32,
     /// Per-connection messages per second (burst is twice this).
     #[arg(long, env = "HOSTLEASE_MSG_RATE", default_value_t = 50.0)]
     msg_rate: f64,
@@ -266,7 +270,9 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             ..Config::default()
         };
         let app = App::new(cfg, Arc::new(store), keys, join_keys, dev_key);
-        let listener = tokio::net::TcpListener::bind(&a.listen).await.map_err(|e| e.to_string())?;
+        let listener = hostlease_server::listen(&a.listen, a.listen_backlog)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         tracing::info!(%addr, "listening");
         // Tests and supervisors read this line to find the port.

@@ -335,8 +335,12 @@ impl App {
     }
 
     pub fn snapshot_locked(&self, room: &Room, st: &RoomState, remaining: Option<u64>) -> Snapshot {
-        let mut members = st.members.clone();
-        hostlease::core::sort_members(&mut members);
+        // Already in election order: members are appended with the room's next join seq and
+        // removed in place.
+        let members = st.members.clone();
+        debug_assert!(members
+            .windows(2)
+            .all(|w| hostlease::core::election_cmp(&w[0], &w[1]).is_lt()));
         Snapshot {
             room: room.id.clone(),
             current: st.current.clone(),

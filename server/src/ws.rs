@@ -431,7 +431,8 @@ impl Conn {
     }
 
     /// The welcome for `hello`/`resume`: the snapshot, and the items after `resume` up to it
-    /// (bounded by `MAX_REPLAY`; older or trimmed ones are announced as a gap).
+    /// (bounded by `MAX_REPLAY`; older or trimmed ones are announced as a gap). Queued on the
+    /// sink; the caller flushes.
     async fn welcome(
         &mut self,
         mut snapshot: hostlease::protocol::Snapshot,
@@ -478,15 +479,18 @@ impl Conn {
         if names_me {
             self.host_ttl = snapshot.current.assignment.lease_ms.max(3);
         }
+        // Queued, not flushed: the participant capability follows at once, in the same write.
         let ok = self
-            .send(&ServerMsg::Welcome {
+            .sink
+            .feed(frame(&ServerMsg::Welcome {
                 you: self.me.clone(),
                 session: self.session.clone(),
                 snapshot,
                 missed,
                 discontinuity,
-            })
-            .await;
+            }))
+            .await
+            .is_ok();
         if ok && names_me {
             self.become_host(epoch);
         }
@@ -741,7 +745,7 @@ impl Conn {
                 // and the snapshot is taken from the published state, so the stream continues
                 // right after it.
                 let snapshot = self.app.snapshot(&self.room, None);
-                if self.welcome(snapshot, Some(cursor)).await {
+                if self.welcome(snapshot, Some(cursor)).await && self.sink.flush().await.is_ok() {
                     Flow::Continue
                 } else {
                     Flow::End(false)
