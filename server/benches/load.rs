@@ -113,7 +113,9 @@ async fn wait_progress(
 ) -> bool {
     let start = tokio::time::Instant::now();
     let mut next = start + Duration::from_secs(1);
-    wait_until(bound, || {
+    // Every 25 ms: a pass over 10,000 clients' counters misses the cache on each, and every
+    // 5 ms it took a visible share of the cores the clients and the server need.
+    poll_until(bound, Duration::from_millis(25), || {
         let n = count();
         if tokio::time::Instant::now() >= next {
             next += Duration::from_secs(1);
@@ -128,7 +130,13 @@ async fn wait_progress(
 }
 
 /// Polls `cond` every 5 ms until it holds or `bound` passes.
-async fn wait_until(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
+async fn wait_until(bound: Duration, cond: impl FnMut() -> bool) -> bool {
+    poll_until(bound, Duration::from_millis(5), cond).await
+}
+
+/// Polls `cond` every `every` until it holds or `bound` passes. What is measured comes from the
+/// clients' own timestamps; the poll only notices the end.
+async fn poll_until(bound: Duration, every: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + bound;
     loop {
         if cond() {
@@ -137,7 +145,7 @@ async fn wait_until(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
         if tokio::time::Instant::now() >= deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -1209,21 +1217,13 @@ async fn reconnect_storm(
             .filter(|c| c.sh.live.load(Ordering::Acquire) && c.sh.live_at.load(RELAXED) > start)
             .count()
     };
-    let mut at_2s = None;
     let ok = wait_progress(
         "storm",
         Duration::from_secs(STORM_BOUND_S),
         clients.len(),
-        || {
-            let n = live_now();
-            if at_2s.is_none() && ns() - start >= 2_000_000_000 {
-                at_2s = Some(n);
-            }
-            n
-        },
+        live_now,
     )
     .await;
-    let at_2s = at_2s.unwrap_or(clients.len());
     let presence_frames = PRESENCE_FRAMES.load(RELAXED) - presence_before;
     let mut lat: Vec<f64> = clients
         .iter()
@@ -1238,6 +1238,7 @@ async fn reconnect_storm(
         );
     }
     lat.sort_by(f64::total_cmp);
+    let at_2s = lat.iter().filter(|&&l| l <= 2000.0).count();
     // The authoritative state: each room's row in the store (the new process may grant again
     // when the old host's lease lapses; allow that to settle).
     let store = SqliteStore::open(&format!("sqlite://{}", dir.join("hostlease.db").display()))
