@@ -263,7 +263,7 @@ export class Room {
     this._newestEpoch = -1;
     this._closed = false;
     const [hi, lo] = randomWords();
-    this._driver = new Driver(this._url, (json) => this._onEvents(json), hi, lo);
+    this._driver = new Driver(this._url, (json, frame) => this._onEvents(json, frame), hi, lo);
   }
 
   /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending. */
@@ -434,14 +434,19 @@ export class Room {
     }
   }
 
-  _onEvents(json) {
+  // `json`: the step's events; or undefined, and `frame` is the server frame whose room event
+  // was the step's one event (handed on as the text the socket received, parsed only here).
+  _onEvents(json, frame) {
     let events;
     try {
-      events = JSON.parse(json);
+      events = JSON.parse(json ?? frame);
     } catch {
       return;
     }
-    for (const e of events) this._dispatch(e);
+    if (json === undefined) {
+      const { seq, epoch, actor, action, payload, at } = events;
+      this._emit("event", { seq, epoch, actor, action, payload, at });
+    } else for (const e of events) this._dispatch(e);
   }
 
   _dispatch(e) {

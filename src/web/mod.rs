@@ -5,7 +5,10 @@
 //! What crosses the boundary is JSON text: frames go to the core as the text the socket received
 //! (decoded by the same codec as natively, with the same limits), and everything the core reports
 //! leaves as one JSON array per step, handed to the wrapper's `emit` callback only after the step
-//! has returned and the driver is no longer borrowed. The driver never calls an app listener: the
+//! has returned and the driver is no longer borrowed. The common step, an event frame applied in
+//! order and nothing else, hands on the frame's own text instead (`emit(undefined, frame)`): the
+//! wrapper parses what it would have parsed anyway, and the event is neither written out of the
+//! wasm nor decoded again into a JS string. The driver never calls an app listener: the
 //! JS wrapper fans events out, so a listener that throws cannot break the SDK.
 
 use std::cell::RefCell;
@@ -137,6 +140,10 @@ struct State {
     clock: Clock,
     /// The JSON array of the events not yet handed to `emit` (empty: none).
     out: Writer,
+    /// The seq of the event frame being handled, and its event while it is the step's only one
+    /// (handed on as the frame's text; written to `out` if anything follows).
+    own: Option<Seq>,
+    held: Option<RoomEvent>,
     closed: bool,
     lifecycle: Vec<Listener>,
     /// The newest host token seen on the wire, kept only for the raw-send test hook that proves
@@ -287,7 +294,15 @@ impl State {
     }
 
     fn push(&mut self, e: JsEvent<'_>) {
+        self.release_held();
         push_event(&mut self.out, &e);
+    }
+
+    /// Writes the held event to `out`: another event follows it in this step.
+    fn release_held(&mut self) {
+        if let Some(event) = self.held.take() {
+            push_event(&mut self.out, &JsEvent::Event { event: &event });
+        }
     }
 
     /// Drains the core after an input: frames to the socket at once, events to `out`, then the
@@ -302,6 +317,16 @@ impl State {
         }
         let mut stalled = false;
         while let Some(e) = self.view.poll_event() {
+            let e = match e {
+                // The frame's own event, first in the step: held back (see `own`).
+                Event::RoomEvent(ev)
+                    if self.out.is_empty() && self.held.is_none() && self.own == Some(ev.seq) =>
+                {
+                    self.held = Some(ev);
+                    continue;
+                }
+                e => e,
+            };
             match &e {
                 Event::Phase(p) => {
                     if *p == Phase::Live {
@@ -319,6 +344,7 @@ impl State {
                         crate::core::Source::Snapshot => "snapshot",
                         crate::core::Source::Peer => "peer",
                     };
+                    self.release_held();
                     let e = JsEvent::Host {
                         assignment,
                         previous_epoch: previous.as_ref().map(|p| p.epoch),
@@ -468,11 +494,12 @@ impl State {
         });
         let w = weak.clone();
         let message = Closure::<dyn FnMut(MessageEvent)>::new(move |e: MessageEvent| {
-            let Some(text) = e.data().as_string() else {
+            let data = e.data();
+            let Some(text) = data.as_string() else {
                 return; // binary frames are not part of the protocol
             };
             if let Some(rc) = w.upgrade() {
-                step(&rc, |s, _| s.handle_frame(&text));
+                step_frame(&rc, Some(&data), |s, _| s.handle_frame(&text));
             }
         });
         let w = weak.clone();
@@ -499,6 +526,9 @@ impl State {
         let now = s.now();
         match protocol::decode_server(text) {
             Ok(msg) => {
+                if let protocol::ServerMsg::Event(e) = &msg {
+                    s.own = Some(e.seq);
+                }
                 if let protocol::ServerMsg::Capability {
                     role: protocol::Role::Host,
                     token,
@@ -573,11 +603,37 @@ impl State {
 /// Runs one input against the state, drains it, then hands the events to `emit` with the
 /// state no longer borrowed (so a listener may call back into the driver).
 fn step(rc: &Rc<RefCell<State>>, f: impl FnOnce(&mut State, &Weak<RefCell<State>>)) {
+    step_frame(rc, None, f)
+}
+
+/// `step` for a server frame: when the step's only event is the frame's own room event, the
+/// frame's text goes to `emit` in place of the events (`emit(undefined, frame)`).
+fn step_frame(
+    rc: &Rc<RefCell<State>>,
+    frame: Option<&JsValue>,
+    f: impl FnOnce(&mut State, &Weak<RefCell<State>>),
+) {
     let weak = Rc::downgrade(rc);
+    f(&mut rc.borrow_mut(), &weak);
+    finish_step(rc, &weak, frame);
+}
+
+/// The part of a step that is the same for every input (one copy in the wasm, not one per
+/// closure).
+fn finish_step(rc: &Rc<RefCell<State>>, weak: &Weak<RefCell<State>>, frame: Option<&JsValue>) {
     let (emit, events) = {
         let mut s = rc.borrow_mut();
-        f(&mut s, &weak);
-        s.drain(&weak);
+        s.drain(weak);
+        s.own = None;
+        // Held means nothing was written after it (`out` is empty).
+        if let (Some(frame), true) = (frame, s.held.is_some()) {
+            s.held = None;
+            let emit = s.emit.clone();
+            drop(s);
+            let _ = emit.call2(&JsValue::NULL, &JsValue::UNDEFINED, frame);
+            return;
+        }
+        s.release_held();
         if s.out.is_empty() {
             return;
         }
@@ -598,7 +654,8 @@ pub struct Driver {
 #[wasm_bindgen]
 impl Driver {
     /// `url`: the room's WebSocket URL (no token in it). `emit(eventsJson)` receives every step's
-    /// events. `seed`: 64 random bits for jitter and idempotency keys (from `crypto`).
+    /// events; `emit(undefined, frame)` a step whose one event is the room event in `frame` (the
+    /// server frame's own text, `{"v":1,"t":"event",...}`). `seed`: 64 random bits for jitter and idempotency keys (from `crypto`).
     #[wasm_bindgen(constructor)]
     pub fn new(url: String, emit: js_sys::Function, seed_hi: u32, seed_lo: u32) -> Driver {
         let seed = (u64::from(seed_hi) << 32) | u64::from(seed_lo);
@@ -625,6 +682,8 @@ impl Driver {
             rng: SplitMix64::new(seed ^ 0xA5A5_A5A5_A5A5_A5A5),
             clock: Clock::new(),
             out: Writer::new(),
+            own: None,
+            held: None,
             closed: false,
             lifecycle: Vec::new(),
             last_host_token: None,
@@ -814,8 +873,10 @@ impl Driver {
     /// Benchmark and test hook: one server frame, through exactly the path a socket message
     /// takes (decode → core → events to `emit`).
     #[wasm_bindgen(js_name = handleFrame)]
-    pub fn handle_frame(&self, text: &str) {
-        step(&self.inner, |s, _| s.handle_frame(text));
+    pub fn handle_frame(&self, frame: JsValue) {
+        if let Some(text) = frame.as_string() {
+            step_frame(&self.inner, Some(&frame), |s, _| s.handle_frame(&text));
+        }
     }
 
     /// Test hook: closes the socket as if the network dropped it.
@@ -951,6 +1012,74 @@ mod tests {
         d.close();
         let view: serde_json::Value = serde_json::from_str(&d.view()).unwrap();
         assert_eq!(view["phase"], "closed");
+    }
+
+    /// An event frame applied in order, and nothing else in its step, goes to `emit` as the
+    /// frame's own text; any other step's events go as the events array, in seq order (here: a
+    /// gap, a resync, and the welcome that releases the buffered frames); a stale frame, nowhere.
+    #[wasm_bindgen_test]
+    fn an_in_order_event_frame_is_handed_on_as_its_own_text() {
+        type Call = (Option<String>, Option<String>);
+        let calls = Rc::new(RefCell::new(Vec::<Call>::new()));
+        let c = calls.clone();
+        let f = Closure::<dyn FnMut(JsValue, JsValue)>::new(move |json: JsValue, frame: JsValue| {
+            c.borrow_mut().push((json.as_string(), frame.as_string()));
+        });
+        let emit = f.as_ref().unchecked_ref::<js_sys::Function>().clone();
+        f.forget();
+        let welcome = |seq: u64| {
+            JsValue::from_str(&format!(
+                r#"{{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{{"room":"r","current":{{"room":"r","host":null,"session":null,"epoch":0,"seq":0,"lease_ms":5000,"reason":"elected","issued_at":0}},"members":[],"seq":{seq},"server_time":0,"actions":{{"host":[],"participant":["vote"]}}}}}}"#
+            ))
+        };
+        let ev = |seq: u64| {
+            format!(
+                r#"{{"v":1,"t":"event","seq":{seq},"epoch":1,"actor":"p1","action":"vote","payload":{{"option":{seq}}},"at":{seq}}}"#
+            )
+        };
+        let take = || std::mem::take(&mut *calls.borrow_mut());
+        // The events of one array call, as (type, event seq or 0).
+        let array = |call: &Call| -> Vec<(String, u64)> {
+            let (Some(json), None) = call else {
+                panic!("not an events array: {call:?}")
+            };
+            let v: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
+            v.iter()
+                .map(|e| {
+                    let seq = e["event"]["seq"].as_u64().unwrap_or(0);
+                    (e["type"].as_str().unwrap().to_owned(), seq)
+                })
+                .collect()
+        };
+        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 1);
+        d.simulate_connected();
+        d.handle_frame(welcome(0));
+        assert!(array(&take()[0]).iter().any(|(t, _)| t == "members"));
+
+        d.handle_frame(JsValue::from_str(&ev(1)));
+        assert_eq!(take(), [(None, Some(ev(1)))]);
+
+        // A gap: seq 3 is held back and the view resyncs; 2 waits with it.
+        d.handle_frame(JsValue::from_str(&ev(3)));
+        let got = take();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(array(&got[0]).iter().all(|(t, _)| t != "event"), "{got:?}");
+        d.handle_frame(JsValue::from_str(&ev(2)));
+        assert!(take().iter().all(|c| c.1.is_none()), "nothing handed on while resyncing");
+        d.handle_frame(welcome(1));
+        let got = take();
+        let events: Vec<u64> = got
+            .iter()
+            .flat_map(|c| array(c))
+            .filter(|(t, _)| t == "event")
+            .map(|(_, seq)| seq)
+            .collect();
+        assert_eq!(events, [2, 3], "{got:?}");
+
+        d.handle_frame(JsValue::from_str(&ev(3)));
+        assert_eq!(take(), [], "a stale frame");
+        d.handle_frame(JsValue::from_str(&ev(4)));
+        assert_eq!(take(), [(None, Some(ev(4)))]);
     }
 
     #[wasm_bindgen_test]
