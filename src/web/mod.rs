@@ -1022,9 +1022,10 @@ mod tests {
         type Call = (Option<String>, Option<String>);
         let calls = Rc::new(RefCell::new(Vec::<Call>::new()));
         let c = calls.clone();
-        let f = Closure::<dyn FnMut(JsValue, JsValue)>::new(move |json: JsValue, frame: JsValue| {
-            c.borrow_mut().push((json.as_string(), frame.as_string()));
-        });
+        let f =
+            Closure::<dyn FnMut(JsValue, JsValue)>::new(move |json: JsValue, frame: JsValue| {
+                c.borrow_mut().push((json.as_string(), frame.as_string()));
+            });
         let emit = f.as_ref().unchecked_ref::<js_sys::Function>().clone();
         f.forget();
         let welcome = |seq: u64| {
@@ -1065,7 +1066,10 @@ mod tests {
         assert_eq!(got.len(), 1, "{got:?}");
         assert!(array(&got[0]).iter().all(|(t, _)| t != "event"), "{got:?}");
         d.handle_frame(JsValue::from_str(&ev(2)));
-        assert!(take().iter().all(|c| c.1.is_none()), "nothing handed on while resyncing");
+        assert!(
+            take().iter().all(|c| c.1.is_none()),
+            "nothing handed on while resyncing"
+        );
         d.handle_frame(welcome(1));
         let got = take();
         let events: Vec<u64> = got
