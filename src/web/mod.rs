@@ -1074,7 +1074,7 @@ mod tests {
         let got = take();
         let events: Vec<u64> = got
             .iter()
-            .flat_map(|c| array(c))
+            .flat_map(array)
             .filter(|(t, _)| t == "event")
             .map(|(_, seq)| seq)
             .collect();
