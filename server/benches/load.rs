@@ -698,11 +698,25 @@ fn all_live(clients: &[Client]) -> bool {
     clients.iter().all(|c| c.sh.live.load(Ordering::Acquire))
 }
 
-async fn fill_room(g: &mut Gen, room: &mut Room, n: usize, target: &Target) -> bool {
+/// Starts clients of `room` until it has `n` (they connect on their own).
+fn spawn_to(g: &mut Gen, room: &mut Room, n: usize, target: &Target) {
     while room.clients.len() < n {
         let c = g.spawn(&room.name, target.clone());
         room.clients.push(c);
     }
+}
+
+/// The clients of `rooms` that are live.
+fn live_count(rooms: &[Room]) -> usize {
+    rooms
+        .iter()
+        .flat_map(|r| &r.clients)
+        .filter(|c| c.sh.live.load(RELAXED))
+        .count()
+}
+
+async fn fill_room(g: &mut Gen, room: &mut Room, n: usize, target: &Target) -> bool {
+    spawn_to(g, room, n, target);
     let bound = Duration::from_secs(30 + n as u64 / 20);
     wait_until(bound, || all_live(&room.clients)).await
 }
@@ -932,25 +946,15 @@ async fn fanout_baseline(
             name,
             clients: Vec::new(),
         };
-        while r.clients.len() < room_size {
-            let c = g.spawn(&r.name, target.clone());
-            r.clients.push(c);
-        }
+        spawn_to(g, &mut r, room_size, &target);
         rooms.push(r);
     }
     let total = rooms.len() * room_size;
-    let live = || {
-        rooms
-            .iter()
-            .flat_map(|r| &r.clients)
-            .filter(|c| c.sh.live.load(RELAXED))
-            .count()
-    };
     if !wait_progress(
         "baseline connect",
         Duration::from_secs(JOIN_BOUND_S),
         total,
-        live,
+        || live_count(&rooms),
     )
     .await
     {
@@ -1054,7 +1058,7 @@ async fn fanout_baseline(
                 seq: Seq((runs * evs.len() + round + 1) as u64),
                 lease_ms: LEASE_MS,
                 reason: Reason::Left,
-                issued_at: ServerTime(tokens_now()),
+                issued_at: ServerTime(hostlease_server::tokens::now_ms()),
             };
             let frame = encode_server(&ServerMsg::Assignment(g.app_key.sign_assignment(a)));
             let start = ns();
@@ -1085,10 +1089,6 @@ async fn fanout_baseline(
         one_frame: one,
         connect_s,
     }
-}
-
-fn tokens_now() -> u64 {
-    hostlease_server::tokens::now_ms()
 }
 
 struct Failover {
@@ -1558,17 +1558,10 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
         })
         .collect();
     for r in rooms.iter_mut() {
-        while r.clients.len() < small {
-            let c = g.spawn(&r.name, target.clone());
-            r.clients.push(c);
-        }
+        spawn_to(&mut g, r, small, &target);
     }
     let all_ok = wait_progress("join", Duration::from_secs(JOIN_BOUND_S), total, || {
-        rooms
-            .iter()
-            .flat_map(|r| &r.clients)
-            .filter(|c| c.sh.live.load(RELAXED))
-            .count()
+        live_count(&rooms)
     })
     .await;
     let join_s = t.elapsed().as_secs_f64();

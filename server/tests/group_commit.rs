@@ -12,6 +12,14 @@ use serde_json::json;
 
 const LEASE: u64 = 60_000;
 
+/// A store on a fresh file (kept while the directory lives).
+async fn temp_store() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("g.db").display());
+    let store = SqliteStore::open(&url).await.unwrap();
+    (dir, store)
+}
+
 /// Grants `room` to `holder` over `epoch` (an election), which must win.
 async fn grant_won(
     store: &SqliteStore,
@@ -47,10 +55,7 @@ enum Got {
 
 #[tokio::test] // one thread: every request below is queued before the committer runs
 async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&format!("sqlite://{}", dir.path().join("g.db").display()))
-        .await
-        .unwrap();
+    let (_dir, store) = temp_store().await;
     let keys = Keypair::generate("k1");
     let room = RoomId::new("group").unwrap();
     let host = ParticipantId::new("alice").unwrap();
@@ -169,10 +174,7 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
 /// rooms' participants nothing, and a row is written once.
 #[tokio::test]
 async fn a_notified_batch_reaches_exactly_the_offline_participants_of_each_room() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&format!("sqlite://{}", dir.path().join("n.db").display()))
-        .await
-        .unwrap();
+    let (_dir, store) = temp_store().await;
     let keys = Keypair::generate("k1");
     let pid = |s: &str| ParticipantId::new(s).unwrap();
     let (r1, r2) = (RoomId::new("one").unwrap(), RoomId::new("two").unwrap());
