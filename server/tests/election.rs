@@ -137,7 +137,19 @@ async fn resign_and_transfer() {
     a.view.resign(now).expect("resign accepted locally");
     a.flush().await;
     let mut both = [&mut a, &mut b];
-    pump_all("bob host after resign", &mut both, |c| c[1].has_authority()).await;
+    // Bob's assignment and Alice's command result travel on different sockets: wait for both.
+    pump_all(
+        "bob host after resign, alice's resign answered",
+        &mut both,
+        |c| {
+            c[1].has_authority()
+                && c[0]
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::CommandAccepted { .. }))
+        },
+    )
+    .await;
     assert_eq!(b.view.assignment().unwrap().reason, Reason::Resigned);
     assert_eq!(b.view.epoch(), Some(Epoch(2)));
     assert!(a
