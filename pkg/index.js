@@ -226,6 +226,17 @@ export async function fetchInbox({ url, room, token, since = 0 } = {}) {
 const RELAY_TAG = "hostlease.relay";
 const TOKEN_REFRESH_EARLY_MS = 30_000;
 
+// A room event frame as the server writes it, and the checks the Rust codec makes of its fields
+// (src/protocol: counters are u64, here safe integers; identifiers 1-128 of A-Z a-z 0-9 - _ . : @).
+const EVENT_HEAD = '{"v":1,"t":"event",';
+// At most 3 UTF-8 bytes per UTF-16 unit: a frame this long is surely within the 4 MiB limit.
+const EVENT_MAX = (4 << 20) / 3;
+const ID = /^[\w.:@-]{1,128}$/;
+const count = (n) => Number.isSafeInteger(n) && n >= 0;
+const id = (s) => typeof s === "string" && ID.test(s);
+const isEvent = (m) =>
+  m?.v === 1 && m.t === "event" && count(m.seq) && count(m.epoch) && count(m.at) && id(m.actor) && id(m.action);
+
 // ----- Room ------------------------------------------------------------------------------------
 
 /**
@@ -263,7 +274,7 @@ export class Room {
     this._newestEpoch = -1;
     this._closed = false;
     const [hi, lo] = randomWords();
-    this._driver = new Driver(this._url, (json, frame) => this._onEvents(json, frame), hi, lo);
+    this._driver = new Driver(this._url, (json) => this._onEvents(json), hi, lo, (m) => this._onMessage(m));
   }
 
   /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending. */
@@ -378,13 +389,15 @@ export class Room {
     this._driver.close();
   }
 
-  /** Test hooks: send a raw frame, bypassing the SDK's checks; drop the connection. */
+  /** Test hooks: send a raw frame, bypassing the SDK's checks; drop the connection; take a
+   * frame as if the server sent it. */
   get __test() {
     return {
       rawSend: (frame) => this._driver.rawSend(typeof frame === "string" ? frame : JSON.stringify(frame)),
       rawStaleHostCommand: (action, payload = null) => this._driver.rawStaleHostCommand(action, JSON.stringify(payload)),
       dropConnection: () => this._driver.dropConnection(),
       relay: (peerId, assignment) => this._onRelay(peerId, assignment),
+      frame: (text) => this._onMessage({ data: text }),
     };
   }
 
@@ -434,19 +447,36 @@ export class Room {
     }
   }
 
-  // `json`: the step's events; or undefined, and `frame` is the server frame whose room event
-  // was the step's one event (handed on as the text the socket received, parsed only here).
-  _onEvents(json, frame) {
+  // Every message of the room's socket. The common frame, a room event, is parsed here once
+  // with JSON.parse and its fields checked; the core is told its seq alone, and when that is the
+  // next one the listeners get this object. Any other frame, an event refused by the checks or
+  // by the core (out of order, not live), and a frame too long to be sure of its size go to the
+  // driver as text: the Rust codec decodes it with its limits and reports what is wrong.
+  _onMessage({ data }) {
+    if (typeof data !== "string") return; // binary frames are not part of the protocol
+    if (data.length <= EVENT_MAX && data.startsWith(EVENT_HEAD)) {
+      let m;
+      try {
+        m = JSON.parse(data);
+      } catch {}
+      if (isEvent(m) && this._driver.eventSeq(m.seq)) {
+        const { seq, epoch, actor, action, payload = null, at } = m;
+        this._emit("event", { seq, epoch, actor, action, payload, at });
+        return;
+      }
+    }
+    this._driver.handleFrame(data);
+  }
+
+  // A step's events, as the driver's JSON array.
+  _onEvents(json) {
     let events;
     try {
-      events = JSON.parse(json ?? frame);
+      events = JSON.parse(json);
     } catch {
       return;
     }
-    if (json === undefined) {
-      const { seq, epoch, actor, action, payload, at } = events;
-      this._emit("event", { seq, epoch, actor, action, payload, at });
-    } else for (const e of events) this._dispatch(e);
+    for (const e of events) this._dispatch(e);
   }
 
   _dispatch(e) {
@@ -461,7 +491,7 @@ export class Room {
           host: a.host ?? null, session: a.session ?? null, epoch: a.epoch, reason: a.reason,
           previousEpoch: e.previous_epoch ?? null, via: e.via, issuedAt: a.issued_at, assignment: a,
         });
-        if (e.signed && e.signed.sig) for (const p of this._peers.values()) this._sendRelay(p.channel, e.signed);
+        if (a.sig) for (const p of this._peers.values()) this._sendRelay(p.channel, a);
         break;
       }
       case "provisional":

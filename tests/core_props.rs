@@ -489,3 +489,121 @@ proptest! {
         prop_assert_eq!(after_welcome(shuffled, snap_seq), after_welcome(once, snap_seq));
     }
 }
+
+/// One input of the stream that `handle_event_seq` must agree with `handle_server` on.
+#[derive(Debug, Clone)]
+enum StreamOp {
+    Connect,
+    Disconnect,
+    /// A welcome at this snapshot seq, replaying the seqs given.
+    Welcome(u64, Vec<u64>),
+    /// An event at this seq, or (`None`) at the seq after the cursor.
+    Event(Option<u64>),
+    Grant(u64),
+    Advance(u64),
+}
+
+fn stream_op() -> impl Strategy<Value = StreamOp> {
+    prop_oneof![
+        2 => Just(StreamOp::Connect),
+        1 => Just(StreamOp::Disconnect),
+        3 => (0u64..20, prop::collection::vec(1u64..30, 0..6)).prop_map(|(s, m)| StreamOp::Welcome(s, m)),
+        // Mostly the next seq, so that runs of in-order events are common.
+        10 => Just(StreamOp::Event(None)),
+        4 => (1u64..30).prop_map(|s| StreamOp::Event(Some(s))),
+        1 => (1u64..30).prop_map(StreamOp::Grant),
+        1 => (0u64..2000).prop_map(StreamOp::Advance),
+    ]
+}
+
+thread_local! {
+    static TOLD_BY_SEQ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `ops` on two views: one is given every event frame whole, the other is first told the
+/// event's seq alone and given the whole frame only when that is refused. After every input
+/// both have sent the same frames and reported the same events (counting the event the second
+/// one's caller delivers itself), and they agree on cursor, phase, buffer, epoch and counters.
+fn run_stream(ops: Vec<StreamOp>) -> Result<(), TestCaseError> {
+    let mut whole = HostView::new(config());
+    let mut told = HostView::new(config());
+    let mut now = 0u64;
+    for o in ops {
+        let mut delivered = Vec::new();
+        let mut both = |f: &dyn Fn(&mut HostView)| {
+            f(&mut whole);
+            f(&mut told);
+        };
+        match o {
+            StreamOp::Connect => both(&|v| v.handle_connected(at(now), Token::new("jt"))),
+            StreamOp::Disconnect => both(&|v| v.handle_disconnected(at(now))),
+            StreamOp::Welcome(s, missed) => {
+                let a = assignment(1, 0, Some("a"));
+                let snap = Snapshot {
+                    seq: Seq(s),
+                    ..snapshot(a, vec![member("a", 1)], None)
+                };
+                let missed: Vec<Item> = missed
+                    .into_iter()
+                    .map(|m| Item::Event(event(m, 1, "a")))
+                    .collect();
+                both(&|v| v.handle_server(at(now), welcome("me", snap.clone(), missed.clone())));
+            }
+            StreamOp::Grant(s) => {
+                let msg = ServerMsg::Assignment(assignment(s, s, Some("b")).into());
+                both(&|v| v.handle_server(at(now), msg.clone()));
+            }
+            StreamOp::Advance(ms) => now += ms,
+            StreamOp::Event(s) => {
+                let s = s.unwrap_or(whole.cursor().0 + 1);
+                whole.handle_server(at(now), ServerMsg::Event(event(s, 1, "a")));
+                if told.handle_event_seq(at(now), Seq(s)) {
+                    TOLD_BY_SEQ.with(|c| c.set(c.get() + 1));
+                    delivered.push(Event::RoomEvent(event(s, 1, "a")));
+                } else {
+                    told.handle_server(at(now), ServerMsg::Event(event(s, 1, "a")));
+                }
+            }
+        }
+        let (sent_whole, events_whole) = drain(&mut whole);
+        let (sent_told, events_told) = drain(&mut told);
+        delivered.extend(events_told);
+        prop_assert_eq!(sent_whole, sent_told);
+        prop_assert_eq!(events_whole, delivered);
+        prop_assert_eq!(whole.cursor(), told.cursor());
+        prop_assert_eq!(whole.phase(), told.phase());
+        prop_assert_eq!(whole.buffered(), told.buffered());
+        prop_assert_eq!(whole.epoch(), told.epoch());
+        prop_assert_eq!(whole.stats(), told.stats());
+        prop_assert_eq!(whole.poll_timeout(), told.poll_timeout());
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn an_event_told_by_its_seq_acts_as_the_whole_frame(
+        ops in prop::collection::vec(stream_op(), 1..80),
+    ) {
+        run_stream(ops)?;
+    }
+}
+
+/// The property above must take the seq-only path often: a seeded slice of it, counted.
+#[test]
+fn the_seq_only_path_is_taken() {
+    use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
+    let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+    let config = RunnerConfig {
+        cases: 200,
+        ..RunnerConfig::default()
+    };
+    let mut runner = TestRunner::new_with_rng(config, rng);
+    let before = TOLD_BY_SEQ.with(|c| c.get());
+    runner
+        .run(&prop::collection::vec(stream_op(), 1..80), run_stream)
+        .unwrap();
+    let taken = TOLD_BY_SEQ.with(|c| c.get()) - before;
+    eprintln!("events told by seq alone in the seeded slice: {taken}");
+    assert!(taken >= 100, "only {taken} events took the seq-only path");
+}

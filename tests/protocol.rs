@@ -145,6 +145,13 @@ fn every_server_message_round_trips() {
     for m in server_messages() {
         let text = encode_server(&m);
         assert!(text.starts_with("{\"v\":1,"), "{text}");
+        // The JS wrapper takes event frames on its fast path by this head (pkg/index.js).
+        let event_head = "{\"v\":1,\"t\":\"event\",";
+        assert_eq!(
+            text.starts_with(event_head),
+            matches!(m, ServerMsg::Event(_)),
+            "{text}"
+        );
         assert_eq!(decode_server(&text).unwrap(), m, "{text}");
     }
 }

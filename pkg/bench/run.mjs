@@ -96,7 +96,7 @@ for (const [name, s] of Object.entries(sizes)) {
 }
 const w = median(cost.wasm) * 1000, p = median(cost.plain) * 1000;
 console.log(`\n| one server message end to end (${N} frames, median of 7) | µs per message |\n|---|---:|`);
-console.log(`| hostlease (text → wasm decode → core → the frame's own text, or the events as JSON → JSON.parse in JS) | ${w.toFixed(2)} |`);
+console.log(`| hostlease (an event: JSON.parse in the wrapper → the core told its seq → listener; other frames: text → wasm decode → core → events as JSON → listeners) | ${w.toFixed(2)} |`);
 console.log(`| plain JS (JSON.parse → same stale-drop + resync rules → event objects, nothing serialised again) | ${p.toFixed(2)} |`);
 console.log(`| **ratio hostlease / plain JS** (goal ≤ 1.0) | **${(w / p).toFixed(2)}** |`);
 await writeFile(join(outDir, "results.json"), JSON.stringify({ sizes, load, cost }, null, 1));

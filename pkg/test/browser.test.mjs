@@ -187,6 +187,31 @@ test("a forged relayed assignment is dropped; every error is an Error with a cod
   await closeAll(a, b);
 });
 
+test("an event frame is parsed once in JS when it is the next; any frame its checks refuse goes to the Rust codec, which reports it", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await live(a);
+  const { cursor, epoch } = await a.view();
+  const event = { seq: cursor + 1, epoch, actor: "alice", action: "vote", payload: { option: 2 }, at: 5 };
+  const ev = (over) => JSON.stringify({ v: 1, t: "event", ...event, ...over });
+  const badActor = ev({ actor: "al ice" });
+  const badSeq = ev({ seq: String(cursor + 1) });
+  const notJson = ev({}).replace(/}$/, ",}");
+  const good = ev({});
+  const decoded = await a.page.evaluate((f) => window.T.frames(f), [badActor, badSeq, notJson, good]);
+  assert.deepEqual(decoded, [badActor, badSeq, notJson], "only the refused frames reach the codec");
+  const log = await a.log();
+  const codes = log.filter((e) => e.type === "error").map((e) => e.error.code);
+  assert.deepEqual(codes.filter((c) => c === "malformed_frame").length, 3, JSON.stringify(codes));
+  const events = log.filter((e) => e.type === "event").map((e) => e.payload);
+  assert.deepEqual(events, [event]);
+  assert.equal((await a.view()).cursor, cursor + 1);
+  // The same frame again is a repeat: the core refuses it by seq, and the codec's path drops it.
+  assert.deepEqual(await a.page.evaluate((f) => window.T.frames(f), [good]), [good]);
+  assert.equal((await a.log()).filter((e) => e.type === "event").length, 1);
+  await closeAll(a);
+});
+
 test("a reconnect resyncs: events made while cut off are applied once, in order", async () => {
   const room = newRoom();
   const a = await member(room, "alice", { webrtc: false });

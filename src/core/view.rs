@@ -570,6 +570,21 @@ impl HostView {
         }
     }
 
+    /// The in-order case of a room event, told by its seq alone (for a driver that decoded the
+    /// event itself and hands it on as its own object). When the view is live, nothing is
+    /// buffered and `seq` is the next one, this does what `handle_server` with the event would,
+    /// except that no [`Event::RoomEvent`] is queued: the caller delivers the event, and returns
+    /// `true`. Otherwise it changes nothing and returns `false`; the caller then passes the
+    /// whole decoded frame to `handle_server`.
+    pub fn handle_event_seq(&mut self, now: Instant, seq: Seq) -> bool {
+        if self.phase != Phase::Live || !self.buffer.is_empty() || seq != self.cursor.next() {
+            return false;
+        }
+        self.tick(now);
+        self.cursor = seq;
+        true
+    }
+
     /// One decoded frame from the server.
     pub fn handle_server(&mut self, now: Instant, msg: ServerMsg) {
         let now = self.tick(now);

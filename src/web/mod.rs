@@ -5,18 +5,19 @@
 //! What crosses the boundary is JSON text: frames go to the core as the text the socket received
 //! (decoded by the same codec as natively, with the same limits), and everything the core reports
 //! leaves as one JSON array per step, handed to the wrapper's `emit` callback only after the step
-//! has returned and the driver is no longer borrowed. The common step, an event frame applied in
-//! order and nothing else, hands on the frame's own text instead (`emit(undefined, frame)`): the
-//! wrapper parses what it would have parsed anyway, and the event is neither written out of the
-//! wasm nor decoded again into a JS string. The driver never calls an app listener: the
-//! JS wrapper fans events out, so a listener that throws cannot break the SDK.
+//! has returned and the driver is no longer borrowed. The one exception is the common frame, a
+//! room event: the wrapper's socket handler parses it with `JSON.parse`, checks its fields, and
+//! tells the core only its seq (`eventSeq`); when that is the next one, the wrapper hands its own
+//! object to the listeners, and otherwise it passes the frame's text here like any other. The
+//! driver never calls an app listener: the JS wrapper fans events out, so a listener that throws
+//! cannot break the SDK.
 
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
-use web_sys::{CloseEvent, Event as DomEvent, MessageEvent, WebSocket};
+use web_sys::{CloseEvent, Event as DomEvent, WebSocket};
 
 use crate::core::{Backoff, CommandError, Config, Event, HostView, Instant, Phase, SplitMix64};
 use crate::protocol::json::{self, ToJson, Writer};
@@ -104,7 +105,6 @@ type Listener = (web_sys::EventTarget, &'static str, Handler<DomEvent>);
 struct Socket {
     ws: WebSocket,
     _open: Handler<DomEvent>,
-    _message: Handler<MessageEvent>,
     _close: Handler<CloseEvent>,
 }
 
@@ -123,6 +123,8 @@ struct State {
     view: HostView,
     url: String,
     emit: js_sys::Function,
+    /// The wrapper's message handler (see `Driver::new`), set as each socket's `onmessage`.
+    on_message: js_sys::Function,
     socket: Option<Socket>,
     /// The previous socket, detached but kept until the next one replaces it: its handler may be
     /// the code running when it is retired, and a closure must not be dropped while it runs.
@@ -140,10 +142,6 @@ struct State {
     clock: Clock,
     /// The JSON array of the events not yet handed to `emit` (empty: none).
     out: Writer,
-    /// The seq of the event frame being handled, and its event while it is the step's only one
-    /// (handed on as the frame's text; written to `out` if anything follows).
-    own: Option<Seq>,
-    held: Option<RoomEvent>,
     closed: bool,
     lifecycle: Vec<Listener>,
     /// The newest host token seen on the wire, kept only for the raw-send test hook that proves
@@ -216,10 +214,13 @@ impl ToJson for JsEvent<'_> {
                 signed,
             } => {
                 ty(w, "host");
-                w.field("assignment", *assignment);
+                // The signed form when the view holds it (the same fields, and `kid`, `sig`).
+                match signed {
+                    Some(s) => w.field("assignment", *s),
+                    None => w.field("assignment", *assignment),
+                }
                 w.field("previous_epoch", previous_epoch);
                 w.field("via", *via);
-                w.field("signed", signed);
             }
             JsEvent::Provisional { coordinator } => {
                 ty(w, "provisional");
@@ -294,15 +295,7 @@ impl State {
     }
 
     fn push(&mut self, e: JsEvent<'_>) {
-        self.release_held();
         push_event(&mut self.out, &e);
-    }
-
-    /// Writes the held event to `out`: another event follows it in this step.
-    fn release_held(&mut self) {
-        if let Some(event) = self.held.take() {
-            push_event(&mut self.out, &JsEvent::Event { event: &event });
-        }
     }
 
     /// Drains the core after an input: frames to the socket at once, events to `out`, then the
@@ -317,16 +310,6 @@ impl State {
         }
         let mut stalled = false;
         while let Some(e) = self.view.poll_event() {
-            let e = match e {
-                // The frame's own event, first in the step: held back (see `own`).
-                Event::RoomEvent(ev)
-                    if self.out.is_empty() && self.held.is_none() && self.own == Some(ev.seq) =>
-                {
-                    self.held = Some(ev);
-                    continue;
-                }
-                e => e,
-            };
             match &e {
                 Event::Phase(p) => {
                     if *p == Phase::Live {
@@ -344,7 +327,6 @@ impl State {
                         crate::core::Source::Snapshot => "snapshot",
                         crate::core::Source::Peer => "peer",
                     };
-                    self.release_held();
                     let e = JsEvent::Host {
                         assignment,
                         previous_epoch: previous.as_ref().map(|p| p.epoch),
@@ -492,16 +474,7 @@ impl State {
                 });
             }
         });
-        let w = weak.clone();
-        let message = Closure::<dyn FnMut(MessageEvent)>::new(move |e: MessageEvent| {
-            let data = e.data();
-            let Some(text) = data.as_string() else {
-                return; // binary frames are not part of the protocol
-            };
-            if let Some(rc) = w.upgrade() {
-                step_frame(&rc, Some(&data), |s, _| s.handle_frame(&text));
-            }
-        });
+        ws.set_onmessage(Some(&self.on_message));
         let w = weak.clone();
         let close = Closure::<dyn FnMut(CloseEvent)>::new(move |_: CloseEvent| {
             if let Some(rc) = w.upgrade() {
@@ -509,12 +482,10 @@ impl State {
             }
         });
         ws.set_onopen(Some(open.as_ref().unchecked_ref()));
-        ws.set_onmessage(Some(message.as_ref().unchecked_ref()));
         ws.set_onclose(Some(close.as_ref().unchecked_ref()));
         self.socket = Some(Socket {
             ws,
             _open: open,
-            _message: message,
             _close: close,
         });
         Ok(())
@@ -526,9 +497,6 @@ impl State {
         let now = s.now();
         match protocol::decode_server(text) {
             Ok(msg) => {
-                if let protocol::ServerMsg::Event(e) = &msg {
-                    s.own = Some(e.seq);
-                }
                 if let protocol::ServerMsg::Capability {
                     role: protocol::Role::Host,
                     token,
@@ -603,37 +571,17 @@ impl State {
 /// Runs one input against the state, drains it, then hands the events to `emit` with the
 /// state no longer borrowed (so a listener may call back into the driver).
 fn step(rc: &Rc<RefCell<State>>, f: impl FnOnce(&mut State, &Weak<RefCell<State>>)) {
-    step_frame(rc, None, f)
-}
-
-/// `step` for a server frame: when the step's only event is the frame's own room event, the
-/// frame's text goes to `emit` in place of the events (`emit(undefined, frame)`).
-fn step_frame(
-    rc: &Rc<RefCell<State>>,
-    frame: Option<&JsValue>,
-    f: impl FnOnce(&mut State, &Weak<RefCell<State>>),
-) {
     let weak = Rc::downgrade(rc);
     f(&mut rc.borrow_mut(), &weak);
-    finish_step(rc, &weak, frame);
+    finish_step(rc, &weak);
 }
 
 /// The part of a step that is the same for every input (one copy in the wasm, not one per
 /// closure).
-fn finish_step(rc: &Rc<RefCell<State>>, weak: &Weak<RefCell<State>>, frame: Option<&JsValue>) {
+fn finish_step(rc: &Rc<RefCell<State>>, weak: &Weak<RefCell<State>>) {
     let (emit, events) = {
         let mut s = rc.borrow_mut();
         s.drain(weak);
-        s.own = None;
-        // Held means nothing was written after it (`out` is empty).
-        if let (Some(frame), true) = (frame, s.held.is_some()) {
-            s.held = None;
-            let emit = s.emit.clone();
-            drop(s);
-            let _ = emit.call2(&JsValue::NULL, &JsValue::UNDEFINED, frame);
-            return;
-        }
-        s.release_held();
         if s.out.is_empty() {
             return;
         }
@@ -653,11 +601,15 @@ pub struct Driver {
 
 #[wasm_bindgen]
 impl Driver {
-    /// `url`: the room's WebSocket URL (no token in it). `emit(eventsJson)` receives every step's
-    /// events; `emit(undefined, frame)` a step whose one event is the room event in `frame` (the
-    /// server frame's own text, `{"v":1,"t":"event",...}`). `seed`: 64 random bits for jitter and idempotency keys (from `crypto`).
+    /// `url`: the room's WebSocket URL (no token in it). `emit(eventsJson)` receives every step's events. `seed`: 64 random bits for jitter and idempotency keys (from `crypto`). `onMessage`: the wrapper's handler for every socket's messages, which gives each frame to `eventSeq` or `handleFrame`.
     #[wasm_bindgen(constructor)]
-    pub fn new(url: String, emit: js_sys::Function, seed_hi: u32, seed_lo: u32) -> Driver {
+    pub fn new(
+        url: String,
+        emit: js_sys::Function,
+        seed_hi: u32,
+        seed_lo: u32,
+        on_message: js_sys::Function,
+    ) -> Driver {
         let seed = (u64::from(seed_hi) << 32) | u64::from(seed_lo);
         let config = Config {
             seed,
@@ -667,6 +619,7 @@ impl Driver {
             view: HostView::new(config),
             url,
             emit,
+            on_message,
             socket: None,
             retired: None,
             token: None,
@@ -682,8 +635,6 @@ impl Driver {
             rng: SplitMix64::new(seed ^ 0xA5A5_A5A5_A5A5_A5A5),
             clock: Clock::new(),
             out: Writer::new(),
-            own: None,
-            held: None,
             closed: false,
             lifecycle: Vec::new(),
             last_host_token: None,
@@ -870,13 +821,28 @@ impl Driver {
         });
     }
 
-    /// Benchmark and test hook: one server frame, through exactly the path a socket message
-    /// takes (decode → core → events to `emit`).
+    /// One server frame as text: decoded by the protocol codec (with its limits), then the
+    /// core; the step's events go to `emit`.
     #[wasm_bindgen(js_name = handleFrame)]
-    pub fn handle_frame(&self, frame: JsValue) {
-        if let Some(text) = frame.as_string() {
-            step_frame(&self.inner, Some(&frame), |s, _| s.handle_frame(&text));
-        }
+    pub fn handle_frame(&self, text: &str) {
+        step(&self.inner, |s, _| s.handle_frame(text));
+    }
+
+    /// A room event frame the wrapper decoded and checked itself, told by its seq (a safe
+    /// integer). Returns `true` when the core applied it (it was the next in order, the view
+    /// live): the wrapper then hands the event to the listeners. On `false` nothing changed and
+    /// the wrapper must pass the frame to `handleFrame`. Any other event of the step (a wake
+    /// found by the clock) has gone to `emit` before this returns.
+    #[wasm_bindgen(js_name = eventSeq)]
+    pub fn event_seq(&self, seq: f64) -> bool {
+        let mut applied = false;
+        step(&self.inner, |s, _| {
+            let now = s.now();
+            // Anything but a safe integer is refused (the wrapper checks; this is the backstop).
+            let exact = (0.0..=9_007_199_254_740_991.0).contains(&seq) && seq.fract() == 0.0;
+            applied = exact && s.view.handle_event_seq(now, Seq(seq as u64));
+        });
+        applied
     }
 
     /// Test hook: closes the socket as if the network dropped it.
@@ -960,6 +926,10 @@ mod tests {
         assert!(assignment_signing_bytes(r#"{"room":"r","host":"a","session":null,"epoch":2,"seq":3,"lease_ms":10,"reason":"elected","issued_at":5}"#).is_none());
     }
 
+    fn noop() -> js_sys::Function {
+        js_sys::Function::new_no_args("")
+    }
+
     fn collector() -> (js_sys::Function, Rc<RefCell<Vec<serde_json::Value>>>) {
         let seen = Rc::new(RefCell::new(Vec::new()));
         let s = seen.clone();
@@ -992,7 +962,7 @@ mod tests {
     async fn an_unreachable_server_goes_offline_and_the_supervisor_asks_for_a_token() {
         let (emit, seen) = collector();
         // Port 9 on loopback: nothing listens, the socket fails at once.
-        let d = Driver::new("ws://127.0.0.1:9/v1/rooms/r/ws".into(), emit, 1, 2);
+        let d = Driver::new("ws://127.0.0.1:9/v1/rooms/r/ws".into(), emit, 1, 2, noop());
         d.connect("join-token".into()).unwrap();
         for _ in 0..100 {
             if has(&seen.borrow(), "token_needed", "", "") {
@@ -1014,82 +984,67 @@ mod tests {
         assert_eq!(view["phase"], "closed");
     }
 
-    /// An event frame applied in order, and nothing else in its step, goes to `emit` as the
-    /// frame's own text; any other step's events go as the events array, in seq order (here: a
-    /// gap, a resync, and the welcome that releases the buffered frames); a stale frame, nowhere.
+    /// An event told by its seq is applied when it is the next one of a live view, and then
+    /// nothing goes to `emit` (the wrapper delivers it); otherwise nothing changes, and the
+    /// frame's text takes the codec's path: a gap resyncs, the welcome releases the buffered
+    /// events in seq order, a stale frame is dropped.
     #[wasm_bindgen_test]
-    fn an_in_order_event_frame_is_handed_on_as_its_own_text() {
-        type Call = (Option<String>, Option<String>);
-        let calls = Rc::new(RefCell::new(Vec::<Call>::new()));
-        let c = calls.clone();
-        let f =
-            Closure::<dyn FnMut(JsValue, JsValue)>::new(move |json: JsValue, frame: JsValue| {
-                c.borrow_mut().push((json.as_string(), frame.as_string()));
-            });
-        let emit = f.as_ref().unchecked_ref::<js_sys::Function>().clone();
-        f.forget();
+    fn an_event_told_by_its_seq_is_applied_only_in_order() {
+        let (emit, seen) = collector();
+        let take = || std::mem::take(&mut *seen.borrow_mut());
+        let events = |got: &[serde_json::Value]| -> Vec<u64> {
+            got.iter()
+                .filter(|e| e["type"] == "event")
+                .map(|e| e["event"]["seq"].as_u64().unwrap())
+                .collect()
+        };
         let welcome = |seq: u64| {
-            JsValue::from_str(&format!(
+            format!(
                 r#"{{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{{"room":"r","current":{{"room":"r","host":null,"session":null,"epoch":0,"seq":0,"lease_ms":5000,"reason":"elected","issued_at":0}},"members":[],"seq":{seq},"server_time":0,"actions":{{"host":[],"participant":["vote"]}}}}}}"#
-            ))
+            )
         };
         let ev = |seq: u64| {
             format!(
                 r#"{{"v":1,"t":"event","seq":{seq},"epoch":1,"actor":"p1","action":"vote","payload":{{"option":{seq}}},"at":{seq}}}"#
             )
         };
-        let take = || std::mem::take(&mut *calls.borrow_mut());
-        // The events of one array call, as (type, event seq or 0).
-        let array = |call: &Call| -> Vec<(String, u64)> {
-            let (Some(json), None) = call else {
-                panic!("not an events array: {call:?}")
-            };
-            let v: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
-            v.iter()
-                .map(|e| {
-                    let seq = e["event"]["seq"].as_u64().unwrap_or(0);
-                    (e["type"].as_str().unwrap().to_owned(), seq)
-                })
-                .collect()
-        };
-        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 1);
+        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 1, noop());
         d.simulate_connected();
-        d.handle_frame(welcome(0));
-        assert!(array(&take()[0]).iter().any(|(t, _)| t == "members"));
+        assert!(!d.event_seq(1.0), "not live before the welcome");
+        d.handle_frame(&welcome(0));
+        assert!(take().iter().any(|e| e["type"] == "members"));
 
-        d.handle_frame(JsValue::from_str(&ev(1)));
-        assert_eq!(take(), [(None, Some(ev(1)))]);
+        assert!(d.event_seq(1.0));
+        assert_eq!(take(), Vec::<serde_json::Value>::new());
+        for bad in [2.5, -2.0, f64::NAN, 1e300] {
+            assert!(!d.event_seq(bad), "{bad}");
+        }
 
-        // A gap: seq 3 is held back and the view resyncs; 2 waits with it.
-        d.handle_frame(JsValue::from_str(&ev(3)));
+        // A gap: refused by seq, then the frame: seq 3 is held back and the view resyncs.
+        assert!(!d.event_seq(3.0));
+        d.handle_frame(&ev(3));
         let got = take();
-        assert_eq!(got.len(), 1, "{got:?}");
-        assert!(array(&got[0]).iter().all(|(t, _)| t != "event"), "{got:?}");
-        d.handle_frame(JsValue::from_str(&ev(2)));
-        assert!(
-            take().iter().all(|c| c.1.is_none()),
-            "nothing handed on while resyncing"
+        assert!(!got.is_empty() && events(&got).is_empty(), "{got:?}");
+        assert!(!d.event_seq(2.0), "resyncing");
+        d.handle_frame(&ev(2));
+        assert_eq!(
+            events(&take()),
+            [0u64; 0],
+            "nothing delivered while resyncing"
         );
-        d.handle_frame(welcome(1));
-        let got = take();
-        let events: Vec<u64> = got
-            .iter()
-            .flat_map(array)
-            .filter(|(t, _)| t == "event")
-            .map(|(_, seq)| seq)
-            .collect();
-        assert_eq!(events, [2, 3], "{got:?}");
+        d.handle_frame(&welcome(1));
+        assert_eq!(events(&take()), [2, 3]);
 
-        d.handle_frame(JsValue::from_str(&ev(3)));
-        assert_eq!(take(), [], "a stale frame");
-        d.handle_frame(JsValue::from_str(&ev(4)));
-        assert_eq!(take(), [(None, Some(ev(4)))]);
+        assert!(!d.event_seq(3.0), "a stale seq");
+        d.handle_frame(&ev(3));
+        assert_eq!(events(&take()), [0u64; 0], "a stale frame");
+        assert!(d.event_seq(4.0));
     }
 
     #[wasm_bindgen_test]
     fn errors_are_codes_for_the_wrapper() {
         let (emit, _) = collector();
-        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 7);
+        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 7, noop());
         let code = |r: Result<String, JsValue>| r.unwrap_err().as_string().unwrap();
         assert_eq!(code(d.command("poll.open".into(), "{}")), "UnknownAction");
         assert_eq!(

@@ -81,6 +81,18 @@ window.T = {
   fetchInbox: (options) => settle(hl.fetchInbox(options)),
   staleHostCommand: (action, payload) => room.__test.rawStaleHostCommand(action, payload),
   relay: (peer, assignment) => room.__test.relay(peer, assignment),
+  // Takes `frames` as if the server sent them; returns the ones that reached the Rust codec.
+  frames(frames) {
+    const decoded = [];
+    const driver = room._driver, handleFrame = driver.handleFrame;
+    driver.handleFrame = (text) => (frames.includes(text) && decoded.push(text), handleFrame.call(driver, text));
+    try {
+      for (const f of frames) room.__test.frame(f);
+    } finally {
+      driver.handleFrame = handleFrame;
+    }
+    return decoded;
+  },
   addThrowingListener: (type) => room.on(type, () => { throw new Error("listener bug"); }),
   openPeers: () => [...peers.entries()].filter(([, pc]) => pc.connectionState === "connected").map(([id]) => id),
   close: () => room.close(),
