@@ -266,7 +266,7 @@ export class Room {
     this._getToken = options.getToken ?? (() => options.token);
     this._tokenCache = null; // { token, expiresAt? }
     this._refreshTimer = null;
-    this._listeners = new Map();
+    this._listeners = new Map(); // type → listeners (an array, replaced on change)
     this._pending = new Map(); // idempotency key → { resolve, reject }
     this._peers = new Map(); // peer id → { channel, onOpen, onMessage, onClose }
     this._keys = null; // Promise<Map<kid, CryptoKey>> | null
@@ -288,10 +288,11 @@ export class Room {
     if (typeof listener !== "function") {
       throw new UsageError(ErrorCode.BadArgument, "on(type, listener) needs a function");
     }
-    let set = this._listeners.get(type);
-    if (!set) this._listeners.set(type, (set = new Set()));
-    set.add(listener);
-    return () => set.delete(listener);
+    // Each type's listeners are an array replaced on every change, so that a delivery in progress
+    // goes on over the array it started with, without copying it for every event.
+    const list = this._listeners.get(type) ?? [];
+    if (!list.includes(listener)) this._listeners.set(type, [...list, listener]);
+    return () => this._listeners.set(type, (this._listeners.get(type) ?? []).filter((l) => l !== listener));
   }
 
   /** Issues a command. Resolves with `{ id, seq }` once the server applied it; rejects with a
@@ -543,9 +544,7 @@ export class Room {
   }
 
   _emit(type, payload) {
-    const set = this._listeners.get(type);
-    if (!set) return;
-    for (const listener of [...set]) {
+    for (const listener of this._listeners.get(type) ?? []) {
       try {
         listener(payload);
       } catch (err) {

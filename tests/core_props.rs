@@ -557,7 +557,7 @@ fn run_stream(ops: Vec<StreamOp>) -> Result<(), TestCaseError> {
             StreamOp::Event(s) => {
                 let s = s.unwrap_or(whole.cursor().0 + 1);
                 whole.handle_server(at(now), ServerMsg::Event(event(s, 1, "a")));
-                if told.handle_event_seq(at(now), Seq(s)) {
+                if told.handle_event_seq(Seq(s)) {
                     TOLD_BY_SEQ.with(|c| c.set(c.get() + 1));
                     delivered.push(Event::RoomEvent(event(s, 1, "a")));
                 } else {

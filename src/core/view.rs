@@ -576,11 +576,13 @@ impl HostView {
     /// except that no [`Event::RoomEvent`] is queued: the caller delivers the event, and returns
     /// `true`. Otherwise it changes nothing and returns `false`; the caller then passes the
     /// whole decoded frame to `handle_server`.
-    pub fn handle_event_seq(&mut self, now: Instant, seq: Seq) -> bool {
+    ///
+    /// It takes no time: applying an event in order depends on none, and the next input that
+    /// does (a timeout, a command, any other frame) brings its own reading of the clock.
+    pub fn handle_event_seq(&mut self, seq: Seq) -> bool {
         if self.phase != Phase::Live || !self.buffer.is_empty() || seq != self.cursor.next() {
             return false;
         }
-        self.tick(now);
         self.cursor = seq;
         true
     }
