@@ -279,17 +279,21 @@ thread_local! {
 /// The property above must actually reach authority: run a slice of it and count the host
 /// commands that left the core. The slice is seeded, so the count is the same on every run and
 /// every target (a randomly seeded slice of 200 cases once reached only 8 in the wasm run).
-#[test]
-fn the_authority_property_is_not_vacuous() {
+/// A runner of `cases` cases from a fixed seed: a slice counted by a non-vacuity test is the same
+/// on every run and every target.
+fn seeded_runner(cases: u32) -> proptest::test_runner::TestRunner {
     use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
     let config = RunnerConfig {
-        cases: 500,
+        cases,
         ..RunnerConfig::default()
     };
-    let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
-    let mut runner = TestRunner::new_with_rng(config, rng);
+    TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha))
+}
+
+#[test]
+fn the_authority_property_is_not_vacuous() {
     let before = EMITTED.with(|e| e.get());
-    runner
+    seeded_runner(500)
         .run(&prop::collection::vec(op(), 1..120), run_ops)
         .unwrap();
     let emitted = EMITTED.with(|e| e.get()) - before;
@@ -592,15 +596,8 @@ proptest! {
 /// The property above must take the seq-only path often: a seeded slice of it, counted.
 #[test]
 fn the_seq_only_path_is_taken() {
-    use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
-    let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
-    let config = RunnerConfig {
-        cases: 200,
-        ..RunnerConfig::default()
-    };
-    let mut runner = TestRunner::new_with_rng(config, rng);
     let before = TOLD_BY_SEQ.with(|c| c.get());
-    runner
+    seeded_runner(200)
         .run(&prop::collection::vec(stream_op(), 1..80), run_stream)
         .unwrap();
     let taken = TOLD_BY_SEQ.with(|c| c.get()) - before;
