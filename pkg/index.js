@@ -226,8 +226,10 @@ export async function fetchInbox({ url, room, token, since = 0 } = {}) {
 const RELAY_TAG = "hostlease.relay";
 const TOKEN_REFRESH_EARLY_MS = 30_000;
 
-// A room event frame as the server writes it, and the checks the Rust codec makes of its fields
-// (src/protocol: counters are u64, here safe integers; identifiers 1-128 of A-Z a-z 0-9 - _ . : @).
+// A room event frame as the server writes it, and the Rust codec's checks of its fields' types
+// and ranges (src/protocol: counters are u64, here safe integers; identifiers 1-128 of
+// A-Z a-z 0-9 - _ . : @). JSON.parse itself is looser than the codec's reader on what only a
+// broken server sends (a repeated key, 1e0 for 1, lone surrogates, deep nesting): README.
 const EVENT_HEAD = '{"v":1,"t":"event",';
 // At most 3 UTF-8 bytes per UTF-16 unit: a frame this long is surely within the 4 MiB limit.
 const EVENT_MAX = (4 << 20) / 3;
@@ -488,11 +490,12 @@ export class Room {
       case "host": {
         const a = e.assignment;
         this._newestEpoch = Math.max(this._newestEpoch, a.epoch);
+        // Relayed before the listeners see `a`, so that none can change what the peers get.
+        if (a.sig) for (const p of this._peers.values()) this._sendRelay(p.channel, a);
         this._emit("host", {
           host: a.host ?? null, session: a.session ?? null, epoch: a.epoch, reason: a.reason,
           previousEpoch: e.previous_epoch ?? null, via: e.via, issuedAt: a.issued_at, assignment: a,
         });
-        if (a.sig) for (const p of this._peers.values()) this._sendRelay(p.channel, a);
         break;
       }
       case "provisional":

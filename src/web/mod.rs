@@ -59,6 +59,9 @@ struct Clock {
     last_perf: f64,
     last_wall: f64,
     skew: f64,
+    /// A sleep was seen and not yet handed to the core (see `take_slept`). Latched, so that a
+    /// reading that does not step the core (`view()`, the timer) cannot lose it.
+    slept: bool,
 }
 
 impl Clock {
@@ -72,6 +75,7 @@ impl Clock {
             last_perf,
             last_wall: js_sys::Date::now(),
             skew: 0.0,
+            slept: false,
         }
     }
 
@@ -81,24 +85,26 @@ impl Clock {
             .map_or_else(js_sys::Date::now, |p| p.now())
     }
 
-    /// The current instant, and whether a sleep was detected since the last reading.
-    fn now(&mut self) -> (Instant, bool) {
+    /// The current instant.
+    fn now(&mut self) -> Instant {
         self.observe(self.perf_now(), js_sys::Date::now())
     }
 
+    /// Whether a sleep was seen since this was last asked (by any reading).
+    fn take_slept(&mut self) -> bool {
+        std::mem::take(&mut self.slept)
+    }
+
     /// Elapsed time is the larger of the monotonic and the wall-clock deltas.
-    fn observe(&mut self, perf: f64, wall: f64) -> (Instant, bool) {
+    fn observe(&mut self, perf: f64, wall: f64) -> Instant {
         let (dp, dw) = (perf - self.last_perf, wall - self.last_wall);
-        let slept = dw - dp > SLEEP_THRESHOLD_MS;
+        self.slept |= dw - dp > SLEEP_THRESHOLD_MS;
         if dw > dp {
             self.skew += dw - dp;
         }
         self.last_perf = perf;
         self.last_wall = wall;
-        (
-            Instant::from_millis((perf + self.skew).max(0.0) as u64),
-            slept,
-        )
+        Instant::from_millis((perf + self.skew).max(0.0) as u64)
     }
 }
 
@@ -293,8 +299,8 @@ fn push_event(out: &mut Writer, e: &JsEvent<'_>) {
 
 impl State {
     fn now(&mut self) -> Instant {
-        let (now, slept) = self.clock.now();
-        if slept {
+        let now = self.clock.now();
+        if self.clock.take_slept() {
             self.view.handle_wake(now);
         }
         now
@@ -408,7 +414,7 @@ impl State {
         }
         self.timer_at = next;
         let Some(next) = next else { return };
-        let (now, _) = self.clock.now();
+        let now = self.clock.now();
         let delay = next.ms_since(now).min(i32::MAX as u64) as i32;
         let cb = self.timer_cb.get_or_insert_with(|| {
             let weak = weak.clone();
@@ -752,7 +758,7 @@ impl Driver {
     /// The view as JSON.
     pub fn view(&self) -> String {
         let mut s = self.inner.borrow_mut();
-        let (now, _) = s.clock.now();
+        let now = s.clock.now();
         let v = &s.view;
         let a = v.assignment();
         let mut w = Writer::new();
@@ -845,7 +851,9 @@ impl Driver {
             return false;
         }
         // Not a whole step: the core needs no clock reading for an event, and taking one in
-        // order queues nothing and moves no timeout (`tests/core_props.rs` checks both).
+        // order queues nothing and moves no timeout (`tests/core_props.rs` checks both). A sleep
+        // is still noticed before anything that needs time: the clock keeps it until the next
+        // step's reading hands it to the core (`Clock::take_slept`).
         self.inner
             .borrow_mut()
             .view
@@ -898,26 +906,28 @@ mod tests {
             last_perf: 1000.0,
             last_wall: 5000.0,
             skew: 0.0,
+            slept: false,
         };
-        assert_eq!(
-            c.observe(1100.0, 5100.0),
-            (Instant::from_millis(1100), false)
-        );
+        assert_eq!(c.observe(1100.0, 5100.0), Instant::from_millis(1100));
+        assert!(!c.take_slept());
         // The machine slept 60 s: performance.now() barely moved, the wall clock did.
-        let (t, slept) = c.observe(1200.0, 65_200.0);
-        assert!(slept);
+        let t = c.observe(1200.0, 65_200.0);
         assert_eq!(t, Instant::from_millis(1200 + 60_000));
+        // A later reading (as `view()` takes) does not lose the sleep: it waits to be taken.
+        c.observe(1250.0, 65_250.0);
+        assert!(c.take_slept());
+        assert!(!c.take_slept());
         // The wall clock set back: local time does not go backwards.
-        let (t2, slept) = c.observe(1300.0, 1000.0);
-        assert!(!slept);
+        let t2 = c.observe(1300.0, 1000.0);
+        assert!(!c.take_slept());
         assert!(t2 > t);
     }
 
     #[wasm_bindgen_test]
     fn real_clock_is_monotonic() {
         let mut c = Clock::new();
-        let (a, _) = c.now();
-        let (b, _) = c.now();
+        let a = c.now();
+        let b = c.now();
         assert!(b >= a);
     }
 
