@@ -272,6 +272,27 @@ fn run_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Runs `cases` cases of `test` from a fixed seed and returns how far `counter` moved: a slice
+/// counted by a non-vacuity test is the same on every run and every target.
+fn counted_in_seeded_slice<S: Strategy>(
+    counter: &'static std::thread::LocalKey<std::cell::Cell<u64>>,
+    cases: u32,
+    strategy: &S,
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) -> u64 {
+    use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
+    let config = RunnerConfig {
+        cases,
+        ..RunnerConfig::default()
+    };
+    let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+    let before = counter.with(|c| c.get());
+    TestRunner::new_with_rng(config, rng)
+        .run(strategy, test)
+        .unwrap();
+    counter.with(|c| c.get()) - before
+}
+
 thread_local! {
     static EMITTED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
@@ -279,24 +300,10 @@ thread_local! {
 /// The property above must actually reach authority: run a slice of it and count the host
 /// commands that left the core. The slice is seeded, so the count is the same on every run and
 /// every target (a randomly seeded slice of 200 cases once reached only 8 in the wasm run).
-/// A runner of `cases` cases from a fixed seed: a slice counted by a non-vacuity test is the same
-/// on every run and every target.
-fn seeded_runner(cases: u32) -> proptest::test_runner::TestRunner {
-    use proptest::test_runner::{Config as RunnerConfig, RngAlgorithm, TestRng, TestRunner};
-    let config = RunnerConfig {
-        cases,
-        ..RunnerConfig::default()
-    };
-    TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha))
-}
-
 #[test]
 fn the_authority_property_is_not_vacuous() {
-    let before = EMITTED.with(|e| e.get());
-    seeded_runner(500)
-        .run(&prop::collection::vec(op(), 1..120), run_ops)
-        .unwrap();
-    let emitted = EMITTED.with(|e| e.get()) - before;
+    let emitted =
+        counted_in_seeded_slice(&EMITTED, 500, &prop::collection::vec(op(), 1..120), run_ops);
     eprintln!("host commands emitted in the seeded slice: {emitted}");
     assert!(
         emitted >= 25,
@@ -596,11 +603,12 @@ proptest! {
 /// The property above must take the seq-only path often: a seeded slice of it, counted.
 #[test]
 fn the_seq_only_path_is_taken() {
-    let before = TOLD_BY_SEQ.with(|c| c.get());
-    seeded_runner(200)
-        .run(&prop::collection::vec(stream_op(), 1..80), run_stream)
-        .unwrap();
-    let taken = TOLD_BY_SEQ.with(|c| c.get()) - before;
+    let taken = counted_in_seeded_slice(
+        &TOLD_BY_SEQ,
+        200,
+        &prop::collection::vec(stream_op(), 1..80),
+        run_stream,
+    );
     eprintln!("events told by seq alone in the seeded slice: {taken}");
     assert!(taken >= 100, "only {taken} events took the seq-only path");
 }
