@@ -383,6 +383,25 @@ fn signing_bytes_are_exact() {
     );
 }
 
+fn is_out_of_range(e: &serde_json::Error) -> bool {
+    e.to_string().starts_with("number out of range")
+}
+
+/// Payloads are checked for grammar only and passed on as text: a number beyond what an `f64`
+/// holds is well formed (RFC 8259 leaves the range to implementations), where serde_json's
+/// `Value` refuses it. The server hashes such a payload as its text (`request_hash`).
+#[test]
+fn numbers_beyond_f64_are_grammar() {
+    for text in ["[2e901]", "1e400", "-1E+309", "{\"x\":[0.5e999]}"] {
+        assert_eq!(Json::parse(text).unwrap().as_str(), text);
+        assert!(
+            is_out_of_range(&serde_json::from_str::<serde_json::Value>(text).unwrap_err()),
+            "{text}"
+        );
+    }
+    assert!(Json::parse("[2e901,,]").is_err());
+}
+
 /// JSON leaves, valid and not, for texts at the edge of the grammar.
 const LEAVES: &[&str] = &[
     "\"a\"",
@@ -453,13 +472,15 @@ fn near_json() -> impl Strategy<Value = String> {
 
 proptest! {
 
-    /// `Json::parse` accepts exactly the texts serde_json accepts (numbers stay within what an
-    /// `f64` holds: serde_json refuses `1e400`, this only checks the grammar).
+    /// `Json::parse` accepts exactly the texts serde_json accepts, among texts whose numbers fit
+    /// an `f64`. Leaves joined without a separator can make a number that does not (`2e9` `01`
+    /// is `2e901`); serde_json refuses it as out of range while the grammar allows it (see
+    /// `numbers_beyond_f64_are_grammar`), so such texts are outside this property.
     #[test]
     fn payload_grammar_matches_serde_json(text in near_json()) {
-        let ours = Json::parse(&text).is_ok();
-        let theirs = serde_json::from_str::<serde_json::Value>(&text).is_ok();
-        prop_assert_eq!(ours, theirs, "{:?}", text);
+        let theirs = serde_json::from_str::<serde_json::Value>(&text);
+        prop_assume!(!theirs.as_ref().is_err_and(is_out_of_range));
+        prop_assert_eq!(Json::parse(&text).is_ok(), theirs.is_ok(), "{:?}", text);
     }
 
     /// Strings are written byte for byte as serde_json writes them, and read back.
