@@ -8,38 +8,22 @@ import initWasm, { Driver, protocolVersion, assignmentSigningBytes } from "./was
 
 // ----- errors ----------------------------------------------------------------------------------
 
-/** Stable error codes; they mirror the Rust `code()` strings. */
+/** Stable error codes; they mirror the Rust `code()` strings. Each is its own name, except
+ * `Unauthorized`, which is the server's wire code. */
 export const ErrorCode = Object.freeze({
-  NotInitialized: "NotInitialized",
-  BadArgument: "BadArgument",
-  NotHost: "NotHost",
-  NotAuthoritative: "NotAuthoritative",
-  LeaseExpired: "LeaseExpired",
-  NoCapability: "NoCapability",
-  StaleEpoch: "StaleEpoch",
-  IdempotencyConflict: "IdempotencyConflict",
-  UnknownAction: "UnknownAction",
-  BadPayload: "BadPayload",
-  QueueFull: "QueueFull",
-  Timeout: "Timeout",
-  Interrupted: "Interrupted",
-  Closed: "Closed",
-  Rejected: "Rejected",
+  ...Object.fromEntries((
+  "NotInitialized BadArgument NotHost NotAuthoritative LeaseExpired NoCapability " +
+  "StaleEpoch IdempotencyConflict UnknownAction BadPayload QueueFull Timeout " +
+  "Interrupted Closed Rejected TokenUnavailable ProtocolViolation ForgedRelay " +
+  "RelayUnsupported ListenerError Unavailable BadResponse"
+  ).split(" ").map((code) => [code, code])),
   Unauthorized: "unauthorized",
-  TokenUnavailable: "TokenUnavailable",
-  ProtocolViolation: "ProtocolViolation",
-  ForgedRelay: "ForgedRelay",
-  RelayUnsupported: "RelayUnsupported",
-  ListenerError: "ListenerError",
-  Unavailable: "Unavailable",
-  BadResponse: "BadResponse",
 });
 
 /** Every error the SDK throws or reports is a `HostleaseError` with a stable `.code`. */
 export class HostleaseError extends Error {
   constructor(code, message, options) {
     super(message, options);
-    this.name = new.target.name;
     this.code = code;
   }
 }
@@ -51,6 +35,9 @@ export class CommandError extends HostleaseError {}
 export class ConnectionError extends HostleaseError {}
 /** The server or a peer broke the protocol. */
 export class ProtocolError extends HostleaseError {}
+// `.name` spelled out: bundlers rename classes, and `constructor.name` goes with them.
+for (const [c, name] of [[HostleaseError, "HostleaseError"], [UsageError, "UsageError"], [CommandError, "CommandError"],
+  [ConnectionError, "ConnectionError"], [ProtocolError, "ProtocolError"]]) c.prototype.name = name;
 
 const COMMAND_MESSAGES = {
   NotHost: "this session is not the host",
@@ -143,30 +130,32 @@ function httpBase(url) {
 async function fetchWithRetry(url, init = {}, attempts = 5) {
   let last;
   for (let attempt = 0; attempt < attempts; attempt++) {
+    let wait = Math.random() * Math.min(8_000, 250 * 2 ** attempt);
     try {
       const res = await fetch(url, init);
       if (res.status !== 429 && res.status !== 503) return res;
       last = new Error(`HTTP ${res.status}`);
       const after = Number(res.headers.get("retry-after"));
-      const jitter = Math.random() * Math.min(8_000, 250 * 2 ** attempt);
-      await new Promise((r) => setTimeout(r, Math.max(jitter, Number.isFinite(after) ? after * 1000 : 0)));
+      if (Number.isFinite(after)) wait = Math.max(wait, after * 1000);
     } catch (e) {
       last = e;
-      await new Promise((r) => setTimeout(r, Math.random() * Math.min(8_000, 250 * 2 ** attempt)));
     }
+    await new Promise((r) => setTimeout(r, wait));
   }
   throw last;
 }
+
+/** A protocol counter (seq, epoch, cursor, time): a non-negative safe integer. */
+const count = (n) => Number.isSafeInteger(n) && n >= 0;
 
 /** Pages read per `fetchInbox` call at most (256 entries each); `next` says where to go on. */
 const INBOX_MAX_PAGES = 16;
 
 /** Checks one inbox page's shape; the entries' items are the stream items of the protocol. */
 function inboxPage(body) {
-  const cursorOk = (c) => Number.isSafeInteger(c) && c >= 0;
   const ok = body && Array.isArray(body.entries)
-    && (body.next === undefined || body.next === null || cursorOk(body.next))
-    && body.entries.every((e) => e && cursorOk(e.cursor) && e.item && (e.item.kind === "assignment" || e.item.kind === "event"));
+    && (body.next === undefined || body.next === null || count(body.next))
+    && body.entries.every((e) => e && count(e.cursor) && e.item && (e.item.kind === "assignment" || e.item.kind === "event"));
   if (!ok) throw new ProtocolError(ErrorCode.BadResponse, "the inbox page is malformed");
   return body;
 }
@@ -184,7 +173,7 @@ export async function fetchInbox({ url, room, token, since = 0 } = {}) {
   if (typeof url !== "string" || typeof room !== "string" || typeof token !== "string") {
     throw new UsageError(ErrorCode.BadArgument, "fetchInbox({ url, room, token, since }) needs a url, a room and a token");
   }
-  if (!Number.isSafeInteger(since) || since < 0) {
+  if (!count(since)) {
     throw new UsageError(ErrorCode.BadArgument, "`since` must be a cursor (a non-negative integer)");
   }
   let origin;
@@ -234,7 +223,6 @@ const EVENT_HEAD = '{"v":1,"t":"event",';
 // At most 3 UTF-8 bytes per UTF-16 unit: a frame this long is surely within the 4 MiB limit.
 const EVENT_MAX = (4 << 20) / 3;
 const ID = /^[\w.:@-]{1,128}$/;
-const count = (n) => Number.isSafeInteger(n) && n >= 0;
 const id = (s) => typeof s === "string" && ID.test(s);
 const isEvent = (m) =>
   m?.v === 1 && m.t === "event" && count(m.seq) && count(m.epoch) && count(m.at) && id(m.actor) && id(m.action);
@@ -270,7 +258,7 @@ export class Room {
     this._refreshTimer = null;
     this._listeners = new Map(); // type → listeners (an array, replaced on change)
     this._pending = new Map(); // idempotency key → { resolve, reject }
-    this._peers = new Map(); // peer id → { channel, onOpen, onMessage, onClose }
+    this._peers = new Map(); // peer id → { channel, listening }
     this._keys = null; // Promise<Map<kid, CryptoKey>> | null
     this._relayWarned = false;
     this._newestEpoch = -1;
@@ -347,19 +335,19 @@ export class Room {
       }
       if (msg && msg.t === RELAY_TAG && msg.assignment) this._onRelay(peerId, msg.assignment);
     };
-    channel.addEventListener("open", onOpen);
-    channel.addEventListener("close", onClose);
-    channel.addEventListener("message", onMessage);
-    this._peers.set(peerId, { channel, onOpen, onClose, onMessage });
+    const listening = new AbortController(); // detachPeer removes all three at once
+    const opts = { signal: listening.signal };
+    channel.addEventListener("open", onOpen, opts);
+    channel.addEventListener("close", onClose, opts);
+    channel.addEventListener("message", onMessage, opts);
+    this._peers.set(peerId, { channel, listening });
     if (channel.readyState === "open") onOpen();
   }
 
   detachPeer(peerId) {
     const p = this._peers.get(peerId);
     if (!p) return;
-    p.channel.removeEventListener("open", p.onOpen);
-    p.channel.removeEventListener("close", p.onClose);
-    p.channel.removeEventListener("message", p.onMessage);
+    p.listening.abort();
     this._peers.delete(peerId);
     this._driver.peerLost(peerId);
   }
@@ -390,18 +378,6 @@ export class Room {
     clearTimeout(this._refreshTimer);
     for (const id of [...this._peers.keys()]) this.detachPeer(id);
     this._driver.close();
-  }
-
-  /** Test hooks: send a raw frame, bypassing the SDK's checks; drop the connection; take a
-   * frame as if the server sent it. */
-  get __test() {
-    return {
-      rawSend: (frame) => this._driver.rawSend(typeof frame === "string" ? frame : JSON.stringify(frame)),
-      rawStaleHostCommand: (action, payload = null) => this._driver.rawStaleHostCommand(action, JSON.stringify(payload)),
-      dropConnection: () => this._driver.dropConnection(),
-      relay: (peerId, assignment) => this._onRelay(peerId, assignment),
-      frame: (text) => this._onMessage({ data: text }),
-    };
   }
 
   // ----- internals -----------------------------------------------------------------------------
@@ -446,7 +422,7 @@ export class Room {
     try {
       this._driver.connect(token);
     } catch (e) {
-      this._emit("error", new ConnectionError("connect_failed", "the WebSocket could not be opened", { cause: e }));
+      this._emit("error", new ConnectionError(ErrorCode.Unavailable, "the WebSocket could not be opened", { cause: e }));
     }
   }
 

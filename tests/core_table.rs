@@ -660,6 +660,65 @@ fn participant_commands_made_offline_are_queued_and_sent_after_resync_host_comma
     assert_eq!(v.pending().count(), 0);
 }
 
+/// The browser SDK starts without an action table: what an app commands before the first
+/// snapshot waits, and is classified when the server's table comes.
+#[test]
+fn commands_made_before_the_first_snapshot_are_classified_when_the_table_comes() {
+    let mut v = HostView::new(Config::default());
+    v.handle_connected(at(0), Token::new("join-token"));
+    drain(&mut v);
+    let vote = v
+        .command(at(1), action("vote"), js(json!({"o": 1})), None)
+        .unwrap();
+    let poll = host_command(&mut v, 1).unwrap();
+    let nope = v
+        .command(at(1), action("nope"), js(json!(null)), None)
+        .unwrap();
+    let (t, ev) = drain(&mut v);
+    assert!(
+        t.iter().all(|m| !matches!(m, ClientMsg::Command { .. })),
+        "{t:?}"
+    );
+    for id in [&vote, &poll, &nope] {
+        assert!(ev.contains(&Event::CommandQueued { id: id.clone() }));
+    }
+    assert_eq!(v.pending().filter(|(_, _, q)| *q).count(), 3);
+
+    // The first member is named host by the snapshot: a host command made before it still had
+    // no authority and is refused, never sent.
+    let snap = snapshot(
+        assignment(1, 1, Some("a")),
+        vec![member("a", 1)],
+        Some(3000),
+    );
+    v.handle_server(at(5), welcome("a", snap, vec![]));
+    v.handle_server(at(5), participant_cap());
+    v.handle_server(at(5), host_cap(1));
+    let (t, ev) = drain(&mut v);
+    let sent: Vec<_> = t
+        .iter()
+        .filter_map(|m| match m {
+            ClientMsg::Command { id, action, .. } => Some((id, action.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, [(&vote, "vote")]);
+    assert!(ev.contains(&Event::CommandFailed {
+        id: poll,
+        error: CommandError::NotAuthoritative
+    }));
+    assert!(ev.contains(&Event::CommandFailed {
+        id: nope,
+        error: CommandError::UnknownAction
+    }));
+    assert_eq!(v.pending().count(), 1);
+    // From now on the table answers at once.
+    assert_eq!(
+        v.command(at(6), action("nope"), js(json!(null)), None),
+        Err(CommandError::UnknownAction)
+    );
+}
+
 #[test]
 fn a_host_command_in_flight_dies_with_its_epoch() {
     let mut v = live("a", "a", 2);

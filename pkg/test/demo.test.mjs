@@ -369,7 +369,7 @@ test("a deposed host cut off past its lease, then back with its old token: its c
   assert.match(await hostError(a, "alice's UI close refused"), /^NotHost:/);
 
   // Sent raw, around the SDK, with the host token she held and its epoch: the server refuses it.
-  const rawId = await a.page.evaluate((poll) => window.demo.room.__test.rawStaleHostCommand("poll.close", { poll }), pollId);
+  const rawId = await a.page.evaluate((poll) => window.demo.room._driver.rawStaleHostCommand("poll.close", JSON.stringify({ poll })), pollId);
   assert.ok(rawId, "alice held a host token");
   const result = await until("the server's answer to the raw command", async () => a.results.find((r) => r.id === rawId));
   assert.equal(result.outcome, "rejected", JSON.stringify(result));

@@ -34,6 +34,30 @@ test("errors carry stable codes and names", () => {
   assert.ok(e instanceof hl.HostleaseError);
 });
 
+test("error names survive a minifying bundler (which renames the classes)", async () => {
+  const { execFile } = await import("node:child_process");
+  const { mkdtemp, rm } = await import("node:fs/promises");
+  const { tmpdir } = await import("node:os");
+  const { join } = await import("node:path");
+  const dir = await mkdtemp(join(tmpdir(), "hostlease-minified-"));
+  try {
+    const out = join(dir, "bundle.mjs");
+    const esbuild = new URL("../../.tools/node/node_modules/.bin/esbuild", import.meta.url).pathname;
+    await new Promise((resolve, reject) => execFile(esbuild, [new URL("../index.js", import.meta.url).pathname,
+      "--bundle", "--minify", "--format=esm", "--platform=browser", `--outfile=${out}`, "--log-level=error"],
+    (e) => (e ? reject(e) : resolve())));
+    const min = await import(out);
+    const classes = ["HostleaseError", "UsageError", "CommandError", "ConnectionError", "ProtocolError"];
+    for (const name of classes) {
+      assert.notEqual(min[name].name, name, "the bundle did rename the class");
+      assert.equal(new min[name](min.ErrorCode.Closed, "x").name, name);
+    }
+    assert.equal(String(new min.CommandError(min.ErrorCode.NotHost, "m")), "CommandError: m");
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
 // fetchInbox against a scripted HTTP server on loopback: paging, the token's place, Retry-After,
 // and typed errors for every bad answer.
 test("fetchInbox pages through the inbox and rejects bad answers with typed errors", async () => {

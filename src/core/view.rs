@@ -1081,6 +1081,9 @@ impl HostView {
 
     /// Issues `action` with `payload`. Host actions need authority now and are never queued;
     /// participant actions made while not live are queued and sent after the resync.
+    /// Before the first snapshot an action not in the configured table waits with them and is
+    /// classified when the server's table comes: a host action then fails `NotAuthoritative`
+    /// (it was made without authority), an action in neither list `UnknownAction`.
     /// Returns the idempotency key (reused on every retry) or why it was refused locally.
     pub fn command(
         &mut self,
@@ -1096,9 +1099,13 @@ impl HostView {
         let kind = if action.as_str() == ACTION_RESIGN || action.as_str() == ACTION_TRANSFER {
             ActionKind::Host
         } else {
-            self.actions
-                .kind(&action)
-                .ok_or(CommandError::UnknownAction)?
+            match self.actions.kind(&action) {
+                Some(kind) => kind,
+                // Before the first snapshot the room's action table is not known: the command
+                // waits with the participant commands and is classified when it comes (`send`).
+                None if !self.have_snapshot => ActionKind::Participant,
+                None => return Err(CommandError::UnknownAction),
+            }
         };
         if self.commands.len() >= self.config.command_limit {
             return Err(CommandError::QueueFull);
@@ -1227,6 +1234,20 @@ impl HostView {
     /// Sends (or resends, same key) command `i` if it may still be sent; fails it otherwise.
     fn send(&mut self, now: Instant, i: usize) {
         let c = &self.commands[i];
+        if c.kind == ActionKind::Participant && self.have_snapshot {
+            // A command made before the table was known: a host action made then had no
+            // authority (host commands are never queued); an action in neither list is unknown.
+            let refused = match self.actions.kind(&c.action) {
+                Some(ActionKind::Participant) => None,
+                Some(ActionKind::Host) => Some(CommandError::NotAuthoritative),
+                None => Some(CommandError::UnknownAction),
+            };
+            if let Some(e) = refused {
+                let id = c.id.clone();
+                self.fail(&id, e);
+                return;
+            }
+        }
         let token = match c.kind {
             ActionKind::Host => {
                 if c.epoch != self.epoch() {

@@ -31,7 +31,8 @@ fn link_package(root: &Path) -> Result<(), String> {
 /// server and browser run inside a loopback-only network namespace (the only way Chromium
 /// gathers loopback ICE candidates), which also keeps every byte of the test on this machine.
 /// Then the live-poll demo end to end (`demo.test.mjs`: the server serves www/ with the built
-/// package laid out as `cargo xtask demo` does; screenshots in target/e2e-artifacts/).
+/// package laid out as `cargo xtask demo` does; screenshots in target/e2e-artifacts/), and the
+/// README's quick start in a fresh Vite app (`quickstart.test.mjs`).
 pub fn browser(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
     link_package(root)?;
     let bin = root.join("target/debug/hostlease-server");
@@ -45,7 +46,7 @@ pub fn browser(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> 
                 // cannot keep the run alive: CI's time goes to tests, not to waiting.
                 "ip link set lo up && exec node --test --test-concurrency=1 \
                  --test-timeout=300000 --test-force-exit \
-                 pkg/test/browser.test.mjs pkg/test/demo.test.mjs",
+                 pkg/test/browser.test.mjs pkg/test/demo.test.mjs pkg/test/quickstart.test.mjs",
             )
             .env("HOSTLEASE_SERVER_BIN", bin),
         totals,

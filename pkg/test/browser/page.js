@@ -79,15 +79,15 @@ window.T = {
   command: (action, payload) => settle(room.command(action, payload)),
   inbox: (since) => settle(room.inbox({ since })),
   fetchInbox: (options) => settle(hl.fetchInbox(options)),
-  staleHostCommand: (action, payload) => room.__test.rawStaleHostCommand(action, payload),
-  relay: (peer, assignment) => room.__test.relay(peer, assignment),
+  staleHostCommand: (action, payload) => room._driver.rawStaleHostCommand(action, JSON.stringify(payload ?? null)),
+  relay: (peer, assignment) => room._onRelay(peer, assignment),
   // Takes `frames` as if the server sent them; returns the ones that reached the Rust codec.
   frames(frames) {
     const decoded = [];
     const driver = room._driver, handleFrame = driver.handleFrame;
     driver.handleFrame = (text) => (frames.includes(text) && decoded.push(text), handleFrame.call(driver, text));
     try {
-      for (const f of frames) room.__test.frame(f);
+      for (const f of frames) room._onMessage({ data: f });
     } finally {
       driver.handleFrame = handleFrame;
     }

@@ -1,0 +1,146 @@
+// The README's quick start, as a newcomer would run it: the package packed with `npm pack`,
+// installed into a fresh Vite app, the quick-start block copied from README.md into its
+// main.js, built by Vite and served by the real hostlease-server (`--dev --www`), in headless
+// Chromium (playwright-core, Debian's browser), inside the loopback-only network namespace of
+// `cargo xtask test`. The test plays the app's backend: it answers `/join-token` with a token
+// minted by the server's dev endpoint. Waits are for conditions, with generous bounds.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+import { chromium } from "playwright-core";
+import { startServer } from "./harness/server.mjs";
+
+const run = promisify(execFile);
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+  "--disable-dev-shm-usage"];
+/** What the quick start's placeholders stand for in this app. */
+const PLACEHOLDER_URL = '"wss://your-server.example"';
+const PREAMBLE = `// Not in the quick start: what its last line assumes the app already has.
+const pc = new RTCPeerConnection();
+const peerId = "peer-of-" + new URLSearchParams(location.search).get("as");
+`;
+const INDEX_HTML = `<!doctype html>
+<html><head><meta charset="utf-8"><title>quick start</title></head>
+<body><button id="openPoll">Open a poll</button><script type="module" src="/main.js"></script></body>
+</html>
+`;
+
+/** The first ```js block under "## Quick start (JavaScript)" in README.md. */
+async function quickStart() {
+  const readme = await readFile(join(ROOT, "README.md"), "utf8");
+  const m = /^## Quick start \(JavaScript\)\n+```js\n([\s\S]*?)^```/m.exec(readme);
+  assert.ok(m, "README.md has a ```js block under ## Quick start (JavaScript)");
+  return m[1];
+}
+
+let app, srv, browser;
+
+before(async () => {
+  app = await mkdtemp(join(tmpdir(), "hostlease-quickstart-"));
+  // `npm install hostlease`, from the package as it would be published (its `files` only).
+  const packed = await run("npm", ["pack", "--silent", "--pack-destination", app], { cwd: join(ROOT, "pkg") });
+  const tarball = packed.stdout.trim().split("\n").pop();
+  await writeFile(join(app, "package.json"), JSON.stringify({ name: "quickstart", private: true, type: "module" }));
+  await run("npm", ["install", "--offline", "--no-audit", "--no-fund", "--no-package-lock", `./${tarball}`], { cwd: app });
+  const code = await quickStart();
+  assert.ok(code.includes(PLACEHOLDER_URL), `the quick start connects to ${PLACEHOLDER_URL}`);
+  await writeFile(join(app, "main.js"), PREAMBLE + code.replace(PLACEHOLDER_URL, 'location.origin.replace(/^http/, "ws")'));
+  await writeFile(join(app, "index.html"), INDEX_HTML);
+  await run(join(ROOT, ".tools/node/node_modules/.bin/vite"), ["build", "--logLevel", "warn"], { cwd: app });
+  const assets = await readdir(join(app, "dist/assets"));
+  assert.ok(assets.some((f) => f.endsWith(".wasm")), `Vite emitted the .wasm: ${assets}`);
+  srv = await startServer({ leaseMs: 3000, www: join(app, "dist") });
+  browser = await chromium.launch({ executablePath: "/usr/bin/chromium", headless: true, chromiumSandbox: false, args: ARGS });
+});
+
+after(async () => {
+  await browser?.close();
+  await srv?.stop();
+  if (app) await rm(app, { recursive: true, force: true });
+});
+
+async function until(what, fn, { timeout = 45_000, every = 100 } = {}) {
+  const end = Date.now() + timeout;
+  let last;
+  while (Date.now() < end) {
+    last = await fn();
+    if (last) return last;
+    await new Promise((r) => setTimeout(r, every));
+  }
+  throw new Error(`timed out waiting for ${what}; last: ${JSON.stringify(last)}`);
+}
+
+/** A tab of the built app for participant `pid`: what it logs and every alert it raises. */
+async function tab(pid) {
+  const ctx = await browser.newContext();
+  const page = await ctx.newPage();
+  const t = { pid, ctx, page, logs: [], alerts: [], errors: [] };
+  page.on("console", (msg) => t.logs.push(msg.text()));
+  page.on("pageerror", (e) => t.errors.push(String(e)));
+  page.on("dialog", (d) => {
+    t.alerts.push(d.message());
+    d.dismiss().catch(() => {});
+  });
+  // The app's backend: `{ token, expiresAt }` for this participant.
+  await page.route("**/join-token", async (route) => {
+    const ttlMs = 3_600_000;
+    const token = await srv.mintToken("lunch", pid, ttlMs);
+    await route.fulfill({ json: { token, expiresAt: Date.now() + ttlMs } });
+  });
+  await page.goto(`${srv.base}/?as=${pid}`);
+  return t;
+}
+
+/** The newest `host …, epoch …` line the quick start's listener logged. */
+function lastHost(t) {
+  const lines = t.logs.map((l) => /^host (\S+), epoch (\d+) \((\S+)\)$/.exec(l)).filter(Boolean);
+  const m = lines.at(-1);
+  return m && { host: m[1], epoch: Number(m[2]), reason: m[3] };
+}
+
+async function roomSeq() {
+  const res = await fetch(`${srv.base}/v1/rooms/lunch`);
+  assert.equal(res.status, 200);
+  return (await res.json()).seq;
+}
+
+test("the README's quick start in a fresh Vite app: a host, its poll, and a new host when its tab is closed", async () => {
+  // The room's seq counts assignments and events alike.
+  const ada = await tab("ada");
+  const first = await until("ada is host", () => lastHost(ada)?.host === "ada" && lastHost(ada));
+  const bob = await tab("bob");
+  await until("bob sees ada as host", () => lastHost(bob)?.host === "ada" && lastHost(bob)?.epoch === first.epoch);
+  // Each tab's top-level `vote` (made right after connect, before the first snapshot) went
+  // through: ada's grant, then two votes.
+  await until("both votes in the room log", async () => (await roomSeq()) === 3);
+
+  // The host's button opens a poll; bob's is refused with a code, and nothing is sent.
+  await ada.page.click("#openPoll");
+  await until("ada's poll in the room log", async () => (await roomSeq()) === 4);
+  await bob.page.click("#openPoll");
+  await until("bob's refusal alerted", () => bob.alerts.length === 1);
+  assert.equal(bob.alerts[0], "NotHost");
+  assert.equal(await roomSeq(), 4);
+
+  // Close the host's tab: bob becomes host in a later epoch, and his button now works.
+  await ada.page.close();
+  const next = await until("bob is host", () => lastHost(bob)?.host === "bob" && lastHost(bob));
+  assert.ok(next.epoch > first.epoch, `epoch ${next.epoch} after ${first.epoch}`);
+  // The closing tab's WebSocket closed cleanly: the server takes that as leaving.
+  assert.equal(next.reason, "left");
+  await bob.page.click("#openPoll");
+  await until("bob's poll in the room log", async () => (await roomSeq()) === 6);
+  assert.deepEqual(ada.alerts, []);
+  assert.deepEqual(bob.alerts, ["NotHost"]);
+  assert.deepEqual([...ada.errors, ...bob.errors], []);
+  await ada.ctx.close();
+  await bob.ctx.close();
+});
