@@ -128,6 +128,7 @@ export interface EventMap {
   error: HostleaseError;
 }
 
+/** `expiresAt`: milliseconds since the epoch, as `Date.now()`. */
 export type TokenResult = string | { token: string; expiresAt?: number };
 
 export interface ConnectOptions {

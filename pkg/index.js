@@ -117,10 +117,26 @@ function roomUrl(url, room) {
   return `${url.replace(/\/+$/, "")}/v1/rooms/${encodeURIComponent(room)}/ws`;
 }
 
+/** The HTTP origin of a ws(s):// or http(s):// URL; anything else is a `BadArgument`. */
 function httpBase(url) {
-  const u = new URL(url);
-  if (u.protocol === "wss:" || u.protocol === "ws:") u.protocol = u.protocol === "wss:" ? "https:" : "http:";
+  let u;
+  try {
+    u = new URL(url);
+  } catch {}
+  const scheme = { "ws:": "http:", "wss:": "https:", "http:": "http:", "https:": "https:" }[u?.protocol];
+  if (!scheme) throw new UsageError(ErrorCode.BadArgument, "`url` must be an absolute ws(s):// or http(s):// URL");
+  u.protocol = scheme;
   return u.origin;
+}
+
+/** `value` as JSON text (`undefined` is `null`); `fail()` is thrown for what JSON cannot hold. */
+function toJson(value, fail) {
+  let text;
+  try {
+    text = JSON.stringify(value ?? null);
+  } catch {}
+  if (text === undefined) throw fail();
+  return text;
 }
 
 /**
@@ -176,15 +192,7 @@ export async function fetchInbox({ url, room, token, since = 0 } = {}) {
   if (!count(since)) {
     throw new UsageError(ErrorCode.BadArgument, "`since` must be a cursor (a non-negative integer)");
   }
-  let origin;
-  try {
-    const u = new URL(url);
-    if (!["ws:", "wss:", "http:", "https:"].includes(u.protocol)) throw new TypeError(u.protocol);
-    origin = httpBase(url);
-  } catch (e) {
-    throw new UsageError(ErrorCode.BadArgument, "`url` must be a ws(s):// or http(s):// URL", { cause: e });
-  }
-  const base = `${origin}/v1/rooms/${encodeURIComponent(room)}/inbox`;
+  const base = `${httpBase(url)}/v1/rooms/${encodeURIComponent(room)}/inbox`;
   const entries = [];
   let cursor = since;
   for (let page = 0; page < INBOX_MAX_PAGES; page++) {
@@ -243,7 +251,14 @@ export async function connect(options) {
   if (typeof options.token !== "string" && typeof options.getToken !== "function") {
     throw new UsageError(ErrorCode.BadArgument, "connect() needs a `token` string or a `getToken` function");
   }
+  httpBase(options.url);
   const room = new Room(options);
+  // The first token is the app's answer to "may I join?": no token, no room.
+  let refused;
+  if ((await room._refreshToken((e) => (refused = e))) === null) {
+    room.close();
+    throw refused;
+  }
   await room._dial();
   return room;
 }
@@ -261,7 +276,6 @@ export class Room {
     this._peers = new Map(); // peer id → { channel, listening }
     this._keys = null; // Promise<Map<kid, CryptoKey>> | null
     this._relayWarned = false;
-    this._newestEpoch = -1;
     this._closed = false;
     const [hi, lo] = randomWords();
     this._driver = new Driver(this._url, (json) => this._onEvents(json), hi, lo, (m) => this._onMessage(m));
@@ -288,15 +302,9 @@ export class Room {
   /** Issues a command. Resolves with `{ id, seq }` once the server applied it; rejects with a
    * `CommandError`. Participant commands made offline stay pending and are sent after the resync. */
   command(action, payload = null) {
-    let text;
-    try {
-      text = JSON.stringify(payload ?? null);
-    } catch (e) {
-      return Promise.reject(new CommandError(ErrorCode.BadPayload, COMMAND_MESSAGES.BadPayload, { cause: e }));
-    }
     let id;
     try {
-      id = this._driver.command(String(action), text);
+      id = this._driver.command(String(action), toJson(payload, () => ErrorCode.BadPayload));
     } catch (code) {
       return Promise.reject(commandError(typeof code === "string" ? code : ErrorCode.Rejected));
     }
@@ -368,7 +376,7 @@ export class Room {
 
   /** Sends WebRTC signalling `data` to member `to` through the server. */
   signal(to, data) {
-    return this._driver.signal(String(to), JSON.stringify(data));
+    return this._driver.signal(String(to), toJson(data, () => new UsageError(ErrorCode.BadArgument, "signal data must be JSON")));
   }
 
   /** Leaves the room (a host is replaced at once) and stops reconnecting. */
@@ -388,17 +396,19 @@ export class Room {
     return this._refreshToken();
   }
 
-  async _refreshToken() {
+  /** A fresh token from the app, or `null` after reporting why not (to `fail`, by default the
+   * `error` listeners). */
+  async _refreshToken(fail = (e) => this._emit("error", e)) {
     let got;
     try {
       got = await this._getToken();
     } catch (e) {
-      this._emit("error", new ConnectionError(ErrorCode.TokenUnavailable, "getToken() failed", { cause: e }));
+      fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() failed", { cause: e }));
       return null;
     }
     const t = typeof got === "string" ? { token: got } : got;
     if (!t || typeof t.token !== "string") {
-      this._emit("error", new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token"));
+      fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token"));
       return null;
     }
     this._tokenCache = t;
@@ -461,11 +471,12 @@ export class Room {
   _dispatch(e) {
     switch (e.type) {
       case "connection":
+        // Closed by the server (kicked, room closed): stop refreshing tokens and relaying too.
+        if (e.phase === "closed") this.close();
         this._emit("connection", { phase: e.phase });
         break;
       case "host": {
         const a = e.assignment;
-        this._newestEpoch = Math.max(this._newestEpoch, a.epoch);
         // Relayed before the listeners see `a`, so that none can change what the peers get.
         if (a.sig) for (const p of this._peers.values()) this._sendRelay(p.channel, a);
         this._emit("host", {

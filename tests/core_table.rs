@@ -719,6 +719,65 @@ fn commands_made_before_the_first_snapshot_are_classified_when_the_table_comes()
     );
 }
 
+/// Put out of the room by the server, the view closes instead of joining again (which would
+/// undo a kick, or knock on a closed room forever); other error frames leave it as it is.
+#[test]
+fn kicked_or_room_closed_closes_the_view() {
+    for code in [ErrorCode::Kicked, ErrorCode::RoomClosed] {
+        let mut v = live("b", "a", 2);
+        let key = v
+            .command(at(20), action("vote"), js(json!(1)), None)
+            .unwrap();
+        drain(&mut v);
+        let error = ServerMsg::Error {
+            code,
+            message: "out".into(),
+        };
+        let (_, ev) = server(&mut v, 21, error);
+        assert_eq!(v.phase(), Phase::Closed, "{code:?}");
+        assert!(ev.contains(&Event::ServerError(code)));
+        assert!(ev.contains(&Event::CommandFailed {
+            id: key,
+            error: CommandError::Closed
+        }));
+        let (t, ev) = server(&mut v, 22, assign(3, 3, Some("b")));
+        assert!(t.is_empty() && ev.is_empty(), "{t:?} {ev:?}");
+    }
+    let mut v = live("b", "a", 2);
+    let limited = ServerMsg::Error {
+        code: ErrorCode::RateLimited,
+        message: "slow down".into(),
+    };
+    server(&mut v, 21, limited);
+    assert_eq!(v.phase(), Phase::Live);
+}
+
+/// A command refused while it is being made is the call's error, never a later event: the
+/// caller has no key to match an event with yet.
+#[test]
+fn a_command_refused_at_once_is_the_calls_error_not_an_event() {
+    let mut v = live("b", "a", 2);
+    let no_votes = ServerMsg::Capability {
+        role: Role::Participant,
+        token: Token::new("participant-token-2"),
+        epoch: None,
+        actions: vec![],
+        expires_in_ms: 600_000,
+    };
+    server(&mut v, 20, no_votes);
+    assert_eq!(
+        v.command(at(21), action("vote"), js(json!(1)), None),
+        Err(CommandError::NoCapability)
+    );
+    let (t, ev) = drain(&mut v);
+    assert!(t.is_empty(), "{t:?}");
+    assert!(
+        !ev.iter().any(|e| matches!(e, Event::CommandFailed { .. })),
+        "{ev:?}"
+    );
+    assert_eq!(v.pending().count(), 0);
+}
+
 #[test]
 fn a_host_command_in_flight_dies_with_its_epoch() {
     let mut v = live("a", "a", 2);

@@ -283,3 +283,28 @@ test("a member who left reads what it missed from its durable inbox, with its jo
   assert.ok(refused.err.isHostlease && refused.err.name === "ConnectionError");
   await closeAll(a, b);
 });
+
+test("a kicked member's page closes and stays out; closing the room closes every page", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await amHost(a);
+  const b = await member(room, "bob", { webrtc: false });
+  await live(b);
+  const dialed = b.proxy.accepted;
+  assert.deepEqual(await srv.admin(room, "kick", { participant: "bob" }), { kicked: 1 });
+  await until("bob's page closed", async () => (await b.view()).phase === "closed");
+  const errors = (m) => m.log().then((log) => log.filter((e) => e.type === "error").map((e) => e.error.code));
+  assert.ok((await errors(b)).includes("kicked"), JSON.stringify(await errors(b)));
+  await until("bob gone from alice's members", async () => !(await a.view()).members.some((m) => m.id === "bob"));
+  // Longer than the supervisor's first reconnect delays: a page that would rejoin has by now.
+  await new Promise((r) => setTimeout(r, 3_000));
+  assert.equal(b.proxy.accepted, dialed, "the kicked page dialled the server again");
+  assert.equal((await b.view()).phase, "closed");
+  const refused = await b.page.evaluate(() => window.T.command("vote", { option: 0 }));
+  assert.equal(refused.err?.code, "Closed");
+
+  await srv.admin(room, "close");
+  await until("alice's page closed", async () => (await a.view()).phase === "closed");
+  assert.ok((await errors(a)).includes("room_closed"), JSON.stringify(await errors(a)));
+  await closeAll(a, b);
+});

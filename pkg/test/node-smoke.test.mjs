@@ -27,6 +27,33 @@ test("init loads the wasm from its bytes; bad arguments are typed errors", async
   await assert.rejects(hl.connect({ url: "ws://x", room: "r" }), (e) => e.code === "BadArgument");
 });
 
+test("connect refuses what it cannot use, and a room refuses what JSON cannot hold, with typed errors", async () => {
+  for (const url of ["/relative", "ftp://127.0.0.1/x", "not a url"]) {
+    await assert.rejects(hl.connect({ url, room: "r", token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument", url);
+  }
+  await assert.rejects(hl.fetchInbox({ url: "/relative", room: "r", token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
+  // No join token, no room: connect() itself fails (no `error` listener could exist yet).
+  const down = new Error("backend down");
+  await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => { throw down; } }),
+    (e) => e instanceof hl.ConnectionError && e.code === "TokenUnavailable" && e.cause === down);
+  await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: async () => ({ token: null }) }),
+    (e) => e instanceof hl.ConnectionError && e.code === "TokenUnavailable");
+
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  try {
+    for (const bad of [() => 1, Symbol("s"), 1n]) {
+      await assert.rejects(room.command("vote", bad), (e) => e instanceof hl.CommandError && e.code === "BadPayload");
+      assert.throws(() => room.signal("peer", bad), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
+    }
+    const cyclic = {};
+    cyclic.self = cyclic;
+    await assert.rejects(room.command("vote", cyclic), (e) => e.code === "BadPayload");
+    assert.equal(room.signal("peer", undefined), false, "not connected: nothing sent, nothing thrown");
+  } finally {
+    room.close();
+  }
+});
+
 test("errors carry stable codes and names", () => {
   const e = new hl.CommandError(hl.ErrorCode.StaleEpoch, "x");
   assert.equal(e.name, "CommandError");

@@ -218,7 +218,13 @@ async fn command(
     };
     let hub = match app.room(&room).await {
         Ok(Some(h)) => h,
-        _ => return (StatusCode::SERVICE_UNAVAILABLE, "room unavailable").into_response(),
+        Ok(None) => return (StatusCode::SERVICE_UNAVAILABLE, "too many rooms").into_response(),
+        Err(_) => {
+            // The store could not be read: counted like a command the store failed to decide.
+            metrics::counter!("hostlease_commands_total", "result" => RejectCode::Unavailable.as_str())
+                .increment(1);
+            return (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response();
+        }
     };
     let outcome = crate::ws::command(
         &app,
@@ -311,6 +317,16 @@ async fn metrics_route(State(app): State<Arc<App>>) -> Response {
     }
 }
 
+/// The admin key check, first in every admin handler: a caller without the key learns nothing
+/// about the body or the room (401 whatever it sent).
+fn require_admin(app: &App, headers: &HeaderMap) -> Result<(), Response> {
+    if admin_ok(app, headers) {
+        Ok(())
+    } else {
+        Err((StatusCode::UNAUTHORIZED, "admin key required").into_response())
+    }
+}
+
 fn admin_ok(app: &App, headers: &HeaderMap) -> bool {
     match (&app.cfg.admin_key, bearer(headers)) {
         (Some(k), Some(t)) => {
@@ -330,14 +346,8 @@ struct AdminBody {
     participant: Option<ParticipantId>,
 }
 
-async fn admin_prelude(
-    app: &Arc<App>,
-    headers: &HeaderMap,
-    room: &str,
-) -> Result<Arc<crate::rooms::Room>, Response> {
-    if !admin_ok(app, headers) {
-        return Err((StatusCode::UNAUTHORIZED, "admin key required").into_response());
-    }
+/// The room of an admin request whose key was checked (`require_admin`).
+async fn admin_room(app: &Arc<App>, room: &str) -> Result<Arc<crate::rooms::Room>, Response> {
     let room = room_id(room)?;
     match app.room(&room).await {
         Ok(Some(h)) => Ok(h),
@@ -359,11 +369,14 @@ async fn admin_reassign(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Err(e) = require_admin(&app, &headers) {
+        return e;
+    }
     let body = match parse_admin_body(&body) {
         Ok(b) => b,
         Err(e) => return e,
     };
-    let hub = match admin_prelude(&app, &headers, &room).await {
+    let hub = match admin_room(&app, &room).await {
         Ok(h) => h,
         Err(e) => return e,
     };
@@ -420,6 +433,9 @@ async fn admin_kick(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Err(e) = require_admin(&app, &headers) {
+        return e;
+    }
     let Ok(AdminBody {
         participant: Some(p),
         ..
@@ -427,7 +443,7 @@ async fn admin_kick(
     else {
         return (StatusCode::BAD_REQUEST, "participant required").into_response();
     };
-    let hub = match admin_prelude(&app, &headers, &room).await {
+    let hub = match admin_room(&app, &room).await {
         Ok(h) => h,
         Err(e) => return e,
     };
@@ -478,11 +494,15 @@ async fn admin_ttl(
     State(app): State<Arc<App>>,
     Path(room): Path<String>,
     headers: HeaderMap,
-    Json(body): Json<TtlBody>,
+    body: Bytes,
 ) -> Response {
-    if !admin_ok(&app, &headers) {
-        return (StatusCode::UNAUTHORIZED, "admin key required").into_response();
+    if let Err(e) = require_admin(&app, &headers) {
+        return e;
     }
+    // Parsed after the key check (an extractor would parse it before the handler runs).
+    let Ok(body) = serde_json::from_slice::<TtlBody>(&body) else {
+        return (StatusCode::BAD_REQUEST, "bad body").into_response();
+    };
     let room = match room_id(&room) {
         Ok(r) => r,
         Err(e) => return e,
@@ -514,7 +534,10 @@ async fn admin_close(
     Path(room): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let hub = match admin_prelude(&app, &headers, &room).await {
+    if let Err(e) = require_admin(&app, &headers) {
+        return e;
+    }
+    let hub = match admin_room(&app, &room).await {
         Ok(h) => h,
         Err(e) => return e,
     };

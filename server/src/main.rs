@@ -274,15 +274,20 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        // The handlers are in place before anyone is told the port: a SIGTERM sent as soon as
+        // "listening" is read is a graceful shutdown, not the default action's kill.
+        use tokio::signal::unix::{signal, SignalKind};
+        let handler = |kind| signal(kind).map_err(|e| format!("signal handler: {e}"));
+        let (mut int, mut term) = (
+            handler(SignalKind::interrupt())?,
+            handler(SignalKind::terminate())?,
+        );
         tracing::info!(%addr, "listening");
         // Tests and supervisors read this line to find the port.
         println!("listening on {addr}");
         let app2 = app.clone();
         let shutdown = async move {
-            let ctrl_c = tokio::signal::ctrl_c();
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("SIGTERM handler");
-            tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+            tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
             tracing::info!("shutting down");
             let _ = app2.shutdown.send(true);
         };

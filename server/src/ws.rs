@@ -15,7 +15,9 @@ use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use hostlease::core::elect;
 use hostlease::protocol::{
-    codec::{decode_client, encode_server, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_REPLAY},
+    codec::{
+        decode_client, decode_server, encode_server, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_REPLAY,
+    },
     Action, ActionKind, ClientMsg, DecodeError, Epoch, ErrorCode, Gap, IdempotencyKey, Item, Json,
     Member, Outcome, ParticipantId, Reason, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId,
     Token, ACTION_RESIGN, ACTION_TRANSFER,
@@ -412,6 +414,11 @@ impl Conn {
                         if self.sink.send(Message::Text(f.into())).await.is_ok() { Flow::Continue } else { Flow::End(false) }
                     }
                     Some(Direct::Close(f)) => {
+                        // An error frame from elsewhere (admin kick or close): counted like the
+                        // session's own errors (`close_with`).
+                        if let Ok(ServerMsg::Error { code, .. }) = decode_server(&f) {
+                            metrics::counter!("hostlease_ws_errors_total", "code" => code.as_str()).increment(1);
+                        }
                         let _ = self.sink.send(Message::Text(f.into())).await;
                         let _ = self.sink.send(Message::Close(None)).await;
                         Flow::End(false)
@@ -866,6 +873,8 @@ pub fn command(
             }
             Err(e) => {
                 tracing::warn!(error = %e, "command failed in store");
+                metrics::counter!("hostlease_commands_total", "result" => RejectCode::Unavailable.as_str())
+                    .increment(1);
                 Outcome::Rejected {
                     code: RejectCode::Unavailable,
                     current: current(&room),

@@ -46,6 +46,17 @@ async fn admin_reassign_kick_and_close() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401);
+    // The key is checked first: without it a bad body is not looked at.
+    for route in ["reassign", "kick", "ttl", "close"] {
+        let r = http
+            .post(format!("{base}/{route}"))
+            .header("content-type", "application/json")
+            .body("{not json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{route}");
+    }
     let r = http
         .post(format!("{base}/reassign"))
         .bearer_auth("admin-secret")
@@ -68,9 +79,12 @@ async fn admin_reassign_kick_and_close() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    let kicked: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(kicked, serde_json::json!({"kicked": 1}));
     let mut all = [&mut a, &mut b, &mut c];
+    // The kicked client's view closes (it must not join again).
     pump_all("carol kicked, alice host", &mut all, |x| {
-        x[0].has_authority() && x[2].view.phase() == Phase::Offline
+        x[0].has_authority() && x[2].view.phase() == Phase::Closed
     })
     .await;
     assert_eq!(a.view.assignment().unwrap().reason, Reason::Kicked);
@@ -78,6 +92,19 @@ async fn admin_reassign_kick_and_close() {
         .events
         .iter()
         .any(|e| matches!(e, hostlease::core::Event::ServerError(ErrorCode::Kicked))));
+    // The kick's error frame is counted like the session's own errors.
+    let page = http
+        .get(format!("http://{}/metrics", srv.addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("hostlease_ws_errors_total{code=\"kicked\"}"),
+        "{page}"
+    );
 
     // Closing: hostless with reason closed, everyone closed, new joins refused.
     let r = http
@@ -89,7 +116,7 @@ async fn admin_reassign_kick_and_close() {
     assert_eq!(r.status(), 200);
     let mut all = [&mut a, &mut b];
     pump_all("room closed", &mut all, |x| {
-        x.iter().all(|s| s.view.phase() == Phase::Offline)
+        x.iter().all(|s| s.view.phase() == Phase::Closed)
     })
     .await;
     let row = srv

@@ -686,7 +686,14 @@ impl HostView {
                 from_session,
                 data,
             }),
-            ServerMsg::Error { code, .. } => self.events.push_back(Event::ServerError(code)),
+            ServerMsg::Error { code, .. } => {
+                self.events.push_back(Event::ServerError(code));
+                // Put out of the room by the server: joining again would undo a kick or knock
+                // on a closed room forever, so the view closes (pending commands fail `Closed`).
+                if matches!(code, ErrorCode::Kicked | ErrorCode::RoomClosed) {
+                    self.leave(now);
+                }
+            }
         }
     }
 
@@ -1109,6 +1116,17 @@ impl HostView {
         };
         if self.commands.len() >= self.config.command_limit {
             return Err(CommandError::QueueFull);
+        }
+        // What `send` would refuse at once is this call's answer, not an event for a key the
+        // caller has not been given yet.
+        if kind == ActionKind::Participant
+            && self.can_send_participant()
+            && self
+                .participant_grant
+                .as_ref()
+                .is_some_and(|g| !g.actions.contains(&action))
+        {
+            return Err(CommandError::NoCapability);
         }
         if let Some(k) = &key {
             if self.commands.iter().any(|c| &c.id == k) {

@@ -327,6 +327,8 @@ impl State {
                     if *p == Phase::Live {
                         self.attempt = 0;
                     }
+                    // Closed by the core itself (kicked, room closed): no reconnect.
+                    self.closed |= *p == Phase::Closed;
                     self.push(JsEvent::Connection { phase: p.as_str() })
                 }
                 Event::HostChanged {

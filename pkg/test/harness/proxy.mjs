@@ -6,6 +6,7 @@ export class FaultProxy {
   constructor(targetPort, targetHost = "127.0.0.1") {
     this.target = { port: targetPort, host: targetHost };
     this.pairs = new Set();
+    this.accepted = 0; // connections the page opened through this proxy
     this.blocked = false;
     this.held = false;
     this.server = net.createServer((client) => this._accept(client));
@@ -16,6 +17,7 @@ export class FaultProxy {
   }
 
   _accept(client) {
+    this.accepted++;
     if (this.blocked) return client.destroy();
     const upstream = net.connect(this.target);
     const pair = { client, upstream };

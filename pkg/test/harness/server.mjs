@@ -10,6 +10,8 @@ import { fileURLToPath } from "node:url";
 const root = fileURLToPath(new URL("../../../", import.meta.url));
 const BIN = process.env.HOSTLEASE_SERVER_BIN ?? join(root, "target/debug/hostlease-server");
 
+const ADMIN_KEY = "browser-tests-admin-key";
+
 function freePort() {
   return new Promise((resolve) => {
     const s = net.createServer().listen(0, "127.0.0.1", () => {
@@ -43,7 +45,7 @@ export async function startServer({ leaseMs = 1500, www } = {}) {
       "serve", "--db", `sqlite://${join(dir, "hostlease.db")}`, "--listen", `127.0.0.1:${port}`, "--dev",
       "--server-key", join(dir, "server-key.json"), "--lease-ms", String(leaseMs),
       ...(www ? ["--www", www] : []),
-    ], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn" } });
+    ], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn", HOSTLEASE_ADMIN_KEY: ADMIN_KEY } });
     child.stdout.on("data", (d) => logs.push(String(d)));
     child.stderr.on("data", (d) => logs.push(String(d)));
     await waitHealthy(base, child);
@@ -61,6 +63,16 @@ export async function startServer({ leaseMs = 1500, www } = {}) {
       });
       if (!res.ok) throw new Error(`dev token: HTTP ${res.status}`);
       return (await res.json()).token;
+    },
+    /** `POST /v1/admin/rooms/{room}/{action}` as the app's backend would. */
+    async admin(room, action, body = {}) {
+      const res = await fetch(`${base}/v1/admin/rooms/${encodeURIComponent(room)}/${action}`, {
+        method: "POST",
+        headers: { "content-type": "application/json", authorization: `Bearer ${ADMIN_KEY}` },
+        body: JSON.stringify(body),
+      });
+      if (!res.ok) throw new Error(`admin ${action}: HTTP ${res.status} ${await res.text()}`);
+      return res.json();
     },
     /** kill -9: nothing flushed, nothing said goodbye. */
     async kill() {
