@@ -33,7 +33,10 @@ export declare class HostleaseError extends Error {
   constructor(code: ErrorCodeValue, message: string, options?: { cause?: unknown });
 }
 export declare class UsageError extends HostleaseError {}
-export declare class CommandError extends HostleaseError {}
+export declare class CommandError extends HostleaseError {
+  /** The server's rejection code when `code` is `Rejected` (`bad_request`, `rate_limited`, ...). */
+  reason?: string;
+}
 export declare class ConnectionError extends HostleaseError {}
 export declare class ProtocolError extends HostleaseError {}
 
@@ -122,7 +125,8 @@ export interface EventMap {
   discontinuity: { from: number; to: number };
   connection: { phase: Phase };
   lease: { state: LeaseState };
-  command: { id: string; state: "queued" | "accepted" | "failed"; seq?: number; code?: string };
+  /** `reason`: the server's rejection code when `code` is `Rejected` (`bad_request`, ...). */
+  command: { id: string; state: "queued" | "accepted" | "failed"; seq?: number; code?: string; reason?: string };
   signal: { from: string; fromSession: string; data: unknown };
   relay: { peer: string; epoch?: number; accepted: boolean; reason: "adopted" | "stale" | "forged" | "unsigned" | "unsupported" };
   error: HostleaseError;

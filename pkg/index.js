@@ -245,11 +245,10 @@ const isEvent = (m) =>
  */
 export async function connect(options) {
   requireInit();
-  if (!options || typeof options.url !== "string" || typeof options.room !== "string") {
-    throw new UsageError(ErrorCode.BadArgument, "connect({ url, room, token | getToken }) needs a url and a room");
-  }
-  if (typeof options.token !== "string" && typeof options.getToken !== "function") {
-    throw new UsageError(ErrorCode.BadArgument, "connect() needs a `token` string or a `getToken` function");
+  if (typeof options?.url !== "string" || typeof options.room !== "string"
+    || (typeof options.token !== "string" && typeof options.getToken !== "function")) {
+    throw new UsageError(ErrorCode.BadArgument,
+      "connect({ url, room, token | getToken }) needs a url, a room, and a token string or a getToken function");
   }
   httpBase(options.url);
   const room = new Room(options);
@@ -514,7 +513,8 @@ export class Room {
         const p = this._pending.get(e.id);
         this._pending.delete(e.id);
         const err = commandError(e.code);
-        this._emit("command", { id: e.id, state: "failed", code: e.code });
+        err.reason = e.reason; // the server's code when it refused the command (`Rejected`)
+        this._emit("command", { id: e.id, state: "failed", code: e.code, reason: e.reason });
         if (p) p.reject(err);
         break;
       }

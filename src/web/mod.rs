@@ -196,6 +196,8 @@ enum JsEvent<'a> {
     CommandFailed {
         id: &'a IdempotencyKey,
         code: &'static str,
+        /// The server's rejection code when `code` is `Rejected`.
+        reason: Option<&'static str>,
     },
     Error {
         code: &'static str,
@@ -261,10 +263,13 @@ impl ToJson for JsEvent<'_> {
                 w.field("id", *id);
                 w.field("seq", seq);
             }
-            JsEvent::CommandFailed { id, code } => {
+            JsEvent::CommandFailed { id, code, reason } => {
                 ty(w, "command_failed");
                 w.field("id", *id);
                 w.field("code", *code);
+                if let Some(r) = reason {
+                    w.field("reason", *r);
+                }
             }
             JsEvent::Error { code, message } => {
                 ty(w, "error");
@@ -369,6 +374,10 @@ impl State {
                 Event::CommandFailed { id, error } => self.push(JsEvent::CommandFailed {
                     id,
                     code: error.code(),
+                    reason: match error {
+                        CommandError::Rejected(r) => Some(r.as_str()),
+                        _ => None,
+                    },
                 }),
                 Event::ProtocolViolation(_) => self.push(JsEvent::Error {
                     code: "ProtocolViolation",
@@ -1058,6 +1067,53 @@ mod tests {
         d.handle_frame(&ev(3));
         assert_eq!(events(&take()), [0u64; 0], "a stale frame");
         assert!(d.event_seq(4.0));
+    }
+
+    /// A command the server refuses with a code of its own fails `Rejected`, and the server's
+    /// code goes to the wrapper as `reason`; the other failures carry none.
+    #[wasm_bindgen_test]
+    fn a_server_rejection_carries_its_reason() {
+        use crate::protocol::{
+            Action, IdempotencyKey, Outcome, RejectCode, Role, ServerMsg, Token,
+        };
+        let (emit, seen) = collector();
+        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 3, noop());
+        d.simulate_connected();
+        d.handle_frame(
+            r#"{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{"room":"r","current":{"room":"r","host":null,"session":null,"epoch":0,"seq":0,"lease_ms":5000,"reason":"elected","issued_at":0},"members":[],"seq":0,"server_time":0,"actions":{"host":[],"participant":["vote"]}}}"#,
+        );
+        d.handle_frame(&protocol::encode_server(&ServerMsg::Capability {
+            role: Role::Participant,
+            token: Token::new("participant-token"),
+            epoch: None,
+            actions: vec![Action::new("vote").unwrap()],
+            expires_in_ms: 600_000,
+        }));
+        let failed = |id: &str, code| {
+            d.handle_frame(&protocol::encode_server(&ServerMsg::CommandResult {
+                id: IdempotencyKey::new(id).unwrap(),
+                outcome: Outcome::Rejected {
+                    code,
+                    current: None,
+                    retry_after_ms: None,
+                },
+            }));
+            let got = seen.borrow();
+            got.iter()
+                .rfind(|e| e["type"] == "command_failed" && e["id"] == id)
+                .cloned()
+                .unwrap_or_else(|| panic!("no command_failed for {id}: {got:?}"))
+        };
+        let id = d.command("vote".into(), "1").unwrap();
+        let e = failed(&id, RejectCode::BadRequest);
+        assert_eq!(
+            (&e["code"], &e["reason"]),
+            (&"Rejected".into(), &"bad_request".into())
+        );
+        let id = d.command("vote".into(), "2").unwrap();
+        let e = failed(&id, RejectCode::BadCapability);
+        assert_eq!(e["code"], "NoCapability");
+        assert!(e.get("reason").is_none(), "{e}");
     }
 
     #[wasm_bindgen_test]
