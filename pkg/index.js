@@ -187,7 +187,7 @@ function inboxPage(body) {
  */
 export async function fetchInbox({ url, room, token, since = 0 } = {}) {
   if (typeof url !== "string" || typeof room !== "string" || typeof token !== "string") {
-    throw new UsageError(ErrorCode.BadArgument, "fetchInbox({ url, room, token, since }) needs a url, a room and a token");
+    throw new UsageError(ErrorCode.BadArgument, "fetchInbox() needs { url, room, token }");
   }
   if (!count(since)) {
     throw new UsageError(ErrorCode.BadArgument, "`since` must be a cursor (a non-negative integer)");
@@ -248,7 +248,7 @@ export async function connect(options) {
   if (typeof options?.url !== "string" || typeof options.room !== "string"
     || (typeof options.token !== "string" && typeof options.getToken !== "function")) {
     throw new UsageError(ErrorCode.BadArgument,
-      "connect({ url, room, token | getToken }) needs a url, a room, and a token string or a getToken function");
+      "connect() needs { url, room } and a token or getToken");
   }
   httpBase(options.url);
   const room = new Room(options);
@@ -277,7 +277,11 @@ export class Room {
     this._relayWarned = false;
     this._closed = false;
     const [hi, lo] = randomWords();
-    this._driver = new Driver(this._url, (json) => this._onEvents(json), hi, lo, (m) => this._onMessage(m));
+    // The driver keeps these two for its life; after `close()` they no longer hold the room, so
+    // a closed room the app lets go of is collected (the driver with it).
+    const to = { room: this };
+    this._release = () => (to.room = null);
+    this._driver = new Driver(this._url, (json) => to.room?._onEvents(json), hi, lo, (m) => to.room?._onMessage(m));
   }
 
   /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending. */
@@ -301,13 +305,19 @@ export class Room {
   /** Issues a command. Resolves with `{ id, seq }` once the server applied it; rejects with a
    * `CommandError`. Participant commands made offline stay pending and are sent after the resync. */
   command(action, payload = null) {
-    let id;
+    // What the driver emits while it takes the command (a listener may even close the room) is
+    // delivered once the promise is there to settle.
+    const held = (this._held = []);
+    let result;
     try {
-      id = this._driver.command(String(action), toJson(payload, () => ErrorCode.BadPayload));
+      const id = this._driver.command(String(action), toJson(payload, () => ErrorCode.BadPayload));
+      result = new Promise((resolve, reject) => this._pending.set(id, { resolve, reject }));
     } catch (code) {
-      return Promise.reject(commandError(typeof code === "string" ? code : ErrorCode.Rejected));
+      result = Promise.reject(commandError(typeof code === "string" ? code : ErrorCode.Rejected));
     }
-    return new Promise((resolve, reject) => this._pending.set(id, { resolve, reject }));
+    this._held = null;
+    for (const json of held) this._onEvents(json);
+    return result;
   }
 
   /** Wraps a host's own data-channel message with its epoch. */
@@ -385,6 +395,7 @@ export class Room {
     clearTimeout(this._refreshTimer);
     for (const id of [...this._peers.keys()]) this.detachPeer(id);
     this._driver.close();
+    this._release();
   }
 
   // ----- internals -----------------------------------------------------------------------------
@@ -412,10 +423,12 @@ export class Room {
     }
     this._tokenCache = t;
     clearTimeout(this._refreshTimer);
-    if (typeof t.expiresAt === "number" && !this._closed) {
-      // Refresh ahead of expiry so that a reconnect never waits on the app's backend.
-      const wait = Math.max(1_000, t.expiresAt - Date.now() - TOKEN_REFRESH_EARLY_MS);
-      this._refreshTimer = setTimeout(() => this._refreshToken(), wait);
+    const left = t.expiresAt - Date.now();
+    if (Number.isFinite(left) && !this._closed) {
+      // Refresh ahead of expiry so that a reconnect never waits on the app's backend: 30 s
+      // before, or half way for a shorter token; within what a timer can wait (about 24 days).
+      const wait = left > 2 * TOKEN_REFRESH_EARLY_MS ? left - TOKEN_REFRESH_EARLY_MS : left / 2;
+      this._refreshTimer = setTimeout(() => this._refreshToken(), Math.min(2 ** 31 - 1, Math.max(1_000, wait)));
     }
     return t.token;
   }
@@ -458,6 +471,7 @@ export class Room {
 
   // A step's events, as the driver's JSON array.
   _onEvents(json) {
+    if (this._held) return void this._held.push(json);
     let events;
     try {
       events = JSON.parse(json);

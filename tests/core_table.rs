@@ -968,6 +968,20 @@ fn leave_fails_pending_commands_and_closes() {
     );
 }
 
+/// Left while the hello was still unanswered: no deadline is left behind (the driver would
+/// otherwise wake a closed room every few seconds for ever).
+#[test]
+fn leaving_before_the_welcome_leaves_no_deadline() {
+    let mut v = connected("a");
+    assert!(v.poll_timeout().is_some(), "the hello's resync deadline");
+    v.leave(at(1));
+    drain(&mut v);
+    assert_eq!(v.phase(), Phase::Closed);
+    assert_eq!(v.poll_timeout(), None);
+    v.handle_timeout(at(60_000));
+    assert_eq!(drain(&mut v), (vec![], vec![]));
+}
+
 #[test]
 fn the_command_limit_is_enforced() {
     let mut v = HostView::new(Config {

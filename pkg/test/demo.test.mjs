@@ -95,11 +95,13 @@ async function member(server, room, name) {
   opened.add(m);
   page.on("pageerror", (e) => m.pageErrors.push(String(e)));
   page.on("console", (msg) => msg.type() === "error" && m.consoleErrors.push(msg.text()));
-  // Every command result the server sends this page, whatever socket it came on.
+  // Every command result the server sends this page, and the newest host capability, whatever
+  // socket it came on.
   page.on("websocket", (ws) => ws.on("framereceived", ({ payload }) => {
-    if (typeof payload !== "string" || !payload.includes('"command_result"')) return;
+    if (typeof payload !== "string") return;
     try {
-      m.results.push(JSON.parse(payload));
+      if (payload.includes('"command_result"')) m.results.push(JSON.parse(payload));
+      if (payload.includes('"t":"capability"') && JSON.parse(payload).role === "host") m.hostCap = JSON.parse(payload);
     } catch {}
   }));
   await page.goto(`http://127.0.0.1:${port}/?room=${encodeURIComponent(room)}&name=${encodeURIComponent(name)}`);
@@ -369,8 +371,11 @@ test("a deposed host cut off past its lease, then back with its old token: its c
   assert.match(await hostError(a, "alice's UI close refused"), /^NotHost:/);
 
   // Sent raw, around the SDK, with the host token she held and its epoch: the server refuses it.
-  const rawId = await a.page.evaluate((poll) => window.demo.room._driver.rawStaleHostCommand("poll.close", JSON.stringify({ poll })), pollId);
-  assert.ok(rawId, "alice held a host token");
+  assert.ok(a.hostCap, "alice held a host token");
+  const rawId = `raw-${Date.now()}`;
+  const sent = await a.page.evaluate((frame) => window.demo.room._driver.rawSend(JSON.stringify(frame)),
+    { v: 1, t: "command", id: rawId, action: "poll.close", payload: { poll: pollId }, epoch: a.hostCap.epoch, capability: a.hostCap.token });
+  assert.ok(sent, "sent on alice's socket");
   const result = await until("the server's answer to the raw command", async () => a.results.find((r) => r.id === rawId));
   assert.equal(result.outcome, "rejected", JSON.stringify(result));
   assert.ok(["stale_epoch", "not_host", "bad_capability", "lease_expired"].includes(result.code), JSON.stringify(result));

@@ -54,6 +54,47 @@ test("connect refuses what it cannot use, and a room refuses what JSON cannot ho
   }
 });
 
+/** `promise`, or a rejection after `ms` (a promise that never settles fails the test). */
+const within = (promise, ms, what) => Promise.race([promise,
+  new Promise((_, reject) => setTimeout(() => reject(new Error(`${what}: not settled after ${ms} ms`)), ms))]);
+
+test("a command's promise settles even when a listener closes the room while it is being made", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  // Before the first snapshot a vote is queued; the `queued` event fires inside command().
+  room.on("command", ({ state }) => state === "queued" && room.close());
+  await assert.rejects(within(room.command("vote", { option: 1 }), 5_000, "the vote"),
+    (e) => e instanceof hl.CommandError && e.code === "Closed");
+  await assert.rejects(room.command("vote", { option: 2 }), (e) => e.code === "Closed");
+});
+
+test("a token that lives for weeks is not fetched again and again", async () => {
+  let calls = 0;
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
+    getToken: () => (calls++, { token: "t", expiresAt: Date.now() + 30 * 86_400_000 }) });
+  try {
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(calls, 1);
+  } finally {
+    room.close();
+  }
+});
+
+test("a closed room the app lets go of is garbage-collected", { skip: !globalThis.gc && "needs node --expose-gc" }, async () => {
+  let collected = false;
+  const registry = new FinalizationRegistry(() => (collected = true));
+  await (async () => {
+    const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+    room.on("host", () => {});
+    registry.register(room, "room");
+    room.close();
+  })();
+  for (let i = 0; i < 50 && !collected; i++) {
+    globalThis.gc();
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  assert.ok(collected, "the closed room is still reachable");
+});
+
 test("errors carry stable codes and names", () => {
   const e = new hl.CommandError(hl.ErrorCode.StaleEpoch, "x");
   assert.equal(e.name, "CommandError");

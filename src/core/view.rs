@@ -1198,6 +1198,10 @@ impl HostView {
         for id in ids {
             self.fail(&id, CommandError::Closed);
         }
+        // Nothing is awaited any more: no deadline is left for `poll_timeout` to report.
+        self.awaiting_welcome = false;
+        self.hello_pending = false;
+        self.resync_retry_at = None;
         self.host_grant = None;
         self.set_lease(LeaseState::NotHost);
         self.set_provisional(None);

@@ -20,7 +20,7 @@ use wasm_bindgen::JsCast;
 use web_sys::{CloseEvent, Event as DomEvent, WebSocket};
 
 use crate::core::{Backoff, CommandError, Config, Event, HostView, Instant, Phase, SplitMix64};
-use crate::protocol::json::{self, ToJson, Writer};
+use crate::protocol::json::{ToJson, Writer};
 use crate::protocol::{
     self, codec, Action, Assignment, Epoch, IdempotencyKey, Json, ParticipantId, RoomEvent, Seq,
     SessionId, SignedAssignment, Token,
@@ -156,9 +156,6 @@ struct State {
     out: Writer,
     closed: bool,
     lifecycle: Vec<Listener>,
-    /// The newest host token seen on the wire, kept only for the raw-send test hook that proves
-    /// the server refuses a deposed host's command.
-    last_host_token: Option<(Token, Epoch)>,
 }
 
 /// What the wrapper receives, one JSON object per event: `{"type": "<snake_case name>", ...}`.
@@ -519,18 +516,7 @@ impl State {
         let s = self;
         let now = s.now();
         match protocol::decode_server(text) {
-            Ok(msg) => {
-                if let protocol::ServerMsg::Capability {
-                    role: protocol::Role::Host,
-                    token,
-                    epoch: Some(epoch),
-                    ..
-                } = &msg
-                {
-                    s.last_host_token = Some((token.clone(), *epoch));
-                }
-                s.view.handle_server(now, msg)
-            }
+            Ok(msg) => s.view.handle_server(now, msg),
             Err(protocol::DecodeError::UnknownType) => {} // a newer server's message
             Err(e) => s.push(JsEvent::Error {
                 code: e.code(),
@@ -570,8 +556,9 @@ impl State {
                         "pageshow" | "visibilitychange" | "offline" => s.view.handle_wake(now),
                         "online" => {
                             s.view.handle_wake(now);
-                            if s.socket.is_none() && !s.closed {
-                                // The network is back: reconnect now rather than at the backoff.
+                            if s.reconnect_at.is_some() {
+                                // The network is back: reconnect now rather than at the backoff
+                                // (only a wait for one: a dial already asked for is under way).
                                 s.attempt = 0;
                                 s.reconnect_at = Some(now);
                             }
@@ -660,7 +647,6 @@ impl Driver {
             out: Writer::new(),
             closed: false,
             lifecycle: Vec::new(),
-            last_host_token: None,
         };
         let inner = Rc::new(RefCell::new(state));
         let weak = Rc::downgrade(&inner);
@@ -809,30 +795,6 @@ impl Driver {
         s.socket
             .as_ref()
             .is_some_and(|sock| sock.ws.send_with_str(text).is_ok())
-    }
-
-    /// Test hook: sends a host command with the newest host token this session ever held and
-    /// that token's epoch, bypassing the SDK's gate (as a deposed host's stale tab would).
-    /// Returns the idempotency key used, or `undefined` when no host token was ever held.
-    #[wasm_bindgen(js_name = rawStaleHostCommand)]
-    pub fn raw_stale_host_command(&self, action: &str, payload: &str) -> Option<String> {
-        let s = self.inner.borrow();
-        let (token, epoch) = s.last_host_token.clone()?;
-        let action = Action::new(action).ok()?;
-        let payload: Json = codec::decode_body(payload, codec::MAX_CLIENT_FRAME).ok()?;
-        let mut id = String::from("raw-");
-        json::push_u64(&mut id, js_sys::Date::now() as u64);
-        let id = IdempotencyKey::new(id).ok()?;
-        let msg = protocol::ClientMsg::Command {
-            id: id.clone(),
-            action,
-            payload,
-            epoch: Some(epoch),
-            capability: token,
-        };
-        let sock = s.socket.as_ref()?;
-        sock.ws.send_with_str(&protocol::encode_client(&msg)).ok()?;
-        Some(id.as_str().to_owned())
     }
 
     /// Benchmark and test hook: the core is told a connection opened (no socket is involved).
@@ -1004,6 +966,19 @@ mod tests {
             has(&events, "token_needed", "", ""),
             "the supervisor never asked to reconnect: {events:?}"
         );
+        // The wrapper is fetching a token (no `connect` yet): `online` must not start a second
+        // dial beside it.
+        let window = web_sys::window().unwrap();
+        window
+            .dispatch_event(&DomEvent::new("online").unwrap())
+            .unwrap();
+        sleep(300).await;
+        let asked = seen
+            .borrow()
+            .iter()
+            .filter(|e| e["type"] == "token_needed")
+            .count();
+        assert_eq!(asked, 1, "{:?}", seen.borrow());
         let view: serde_json::Value = serde_json::from_str(&d.view()).unwrap();
         assert_eq!(view["phase"], "offline");
         assert_eq!(view["amHost"], false);

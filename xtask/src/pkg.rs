@@ -63,7 +63,8 @@ pub fn smoke(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
         "Node ESM import (node --test)",
         Command::new("node")
             .current_dir(&test)
-            .args(["--test", "node-smoke.test.mjs"]),
+            // --expose-gc: one test checks that a closed room is collected.
+            .args(["--expose-gc", "--test", "node-smoke.test.mjs"]),
         totals,
     )?;
 

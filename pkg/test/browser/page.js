@@ -4,6 +4,7 @@ import * as hl from "/index.js";
 
 const log = [];
 let room = null;
+let lastHostCap = null;
 const peers = new Map(); // peer id → RTCPeerConnection
 
 function record(type, payload) {
@@ -68,6 +69,16 @@ window.T = {
       return tokenTtlMs ? { token: t, expiresAt: Date.now() + tokenTtlMs } : t;
     } : undefined;
     room = await hl.connect({ url, room: name, token, getToken });
+    // The newest host capability on the wire, for `staleHostCommand` (before any frame arrives:
+    // `connect` resolves before the socket's first message event).
+    const onMessage = room._onMessage.bind(room);
+    room._onMessage = (m) => {
+      if (typeof m.data === "string" && m.data.includes('"t":"capability"')) {
+        const f = JSON.parse(m.data);
+        if (f.role === "host") lastHostCap = f;
+      }
+      onMessage(m);
+    };
     for (const t of ["host", "provisional", "members", "event", "discontinuity", "connection", "lease", "command", "relay", "error"]) {
       room.on(t, (p) => record(t, p));
     }
@@ -79,7 +90,14 @@ window.T = {
   command: (action, payload) => settle(room.command(action, payload)),
   inbox: (since) => settle(room.inbox({ since })),
   fetchInbox: (options) => settle(hl.fetchInbox(options)),
-  staleHostCommand: (action, payload) => room._driver.rawStaleHostCommand(action, JSON.stringify(payload ?? null)),
+  // A host command with the newest host token this page ever held and that token's epoch, sent
+  // raw around the SDK's gate (as a deposed host's stale tab would); returns its id.
+  staleHostCommand(action, payload) {
+    if (!lastHostCap) return null;
+    const id = `raw-${Date.now()}`;
+    const frame = { v: 1, t: "command", id, action, payload: payload ?? null, epoch: lastHostCap.epoch, capability: lastHostCap.token };
+    return room._driver.rawSend(JSON.stringify(frame)) ? id : null;
+  },
   relay: (peer, assignment) => room._onRelay(peer, assignment),
   // Takes `frames` as if the server sent them; returns the ones that reached the Rust codec.
   frames(frames) {
