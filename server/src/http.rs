@@ -182,9 +182,7 @@ async fn snapshot(State(app): State<Arc<App>>, Path(room): Path<String>) -> Resp
         Ok(None) => return (StatusCode::SERVICE_UNAVAILABLE, "too many rooms").into_response(),
         Err(_) => return (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
     };
-    let snap = app.snapshot(&hub, None);
-    app.release(&hub).await;
-    json_body(&snap)
+    json_body(&app.snapshot(&hub, None))
 }
 
 async fn command(
@@ -239,7 +237,7 @@ async fn command(
         },
     )
     .await;
-    app.release(&hub).await;
+    drop(hub);
     let status = match &outcome {
         Outcome::Accepted { .. } => StatusCode::OK,
         Outcome::Rejected { code, .. } => match code {
@@ -347,7 +345,7 @@ struct AdminBody {
 }
 
 /// The room of an admin request whose key was checked (`require_admin`).
-async fn admin_room(app: &Arc<App>, room: &str) -> Result<Arc<crate::rooms::Room>, Response> {
+async fn admin_room(app: &Arc<App>, room: &str) -> Result<crate::rooms::HeldRoom, Response> {
     let room = room_id(room)?;
     match app.room(&room).await {
         Ok(Some(h)) => Ok(h),
@@ -380,9 +378,7 @@ async fn admin_reassign(
         Ok(h) => h,
         Err(e) => return e,
     };
-    let res = admin_reassign_in(&app, &hub, body).await;
-    app.release(&hub).await;
-    res
+    admin_reassign_in(&app, &hub, body).await
 }
 
 async fn admin_reassign_in(
@@ -412,6 +408,14 @@ async fn admin_reassign_in(
             "participant not connected or may not host",
         )
             .into_response();
+    }
+    if next.is_none() && row.as_ref().is_none_or(|r| r.host.is_none()) {
+        // Hostless -> hostless is not a grant: the epoch stays, the answer is the current
+        // assignment (the row's, or the hub's genesis for a room never granted).
+        let current = row
+            .and_then(|r| r.current)
+            .unwrap_or_else(|| hub.state.lock().expect("room lock").current.clone());
+        return json_body(&current);
     }
     let epoch = row
         .as_ref()
@@ -475,7 +479,7 @@ async fn admin_kick(
             .replace_host(&hub, s, Reason::Kicked, &correlation_id())
             .await;
     }
-    app.release(&hub).await;
+    drop(hub);
     (
         StatusCode::OK,
         Json(serde_json::json!({"kicked": sessions.len()})),
@@ -591,7 +595,6 @@ async fn admin_close(
     ))
     .await;
     app.direct(&hub, |_| true, || Direct::Close(frame.clone()));
-    app.release(&hub).await;
     match res {
         Ok(Some(a)) => json_body(&a),
         _ if closed_without_grant => {

@@ -42,6 +42,9 @@ pub struct Config {
     /// goes out at once, the ones that follow within the interval go out together at its end
     /// (0: a frame per change). A burst of n joins then costs each member a few frames, not n.
     pub presence_ms: u64,
+    /// How long one write to a WebSocket client may take (a client that stops reading blocks
+    /// writes once the socket's buffers are full); past it the session ends.
+    pub write_timeout_ms: u64,
     /// Items kept in each room's log (older ones are announced as a discontinuity).
     pub log_keep: i64,
     pub admin_key: Option<String>,
@@ -72,6 +75,7 @@ impl Default for Config {
             participant_token_ms: 600_000,
             sweep_ms: 100,
             presence_ms: 100,
+            write_timeout_ms: 10_000,
             log_keep: 10_000,
             admin_key: None,
             webhook_url: None,

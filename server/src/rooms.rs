@@ -213,6 +213,34 @@ impl Room {
     }
 }
 
+/// One holder's use of a hub (a session or an in-flight request), from [`App::room`]. Dropping
+/// it releases the hub, so a request future dropped mid-way (its client went away) cannot leave
+/// the hub counted, and so in the map, forever.
+pub struct HeldRoom {
+    app: Arc<App>,
+    hub: Arc<Room>,
+}
+
+impl HeldRoom {
+    /// The hub itself (a clone of it does not count as a holder).
+    pub fn hub(&self) -> &Arc<Room> {
+        &self.hub
+    }
+}
+
+impl std::ops::Deref for HeldRoom {
+    type Target = Arc<Room>;
+    fn deref(&self) -> &Arc<Room> {
+        &self.hub
+    }
+}
+
+impl Drop for HeldRoom {
+    fn drop(&mut self) {
+        self.app.release(&self.hub);
+    }
+}
+
 pub struct App {
     pub cfg: Config,
     pub store: Arc<dyn Store>,
@@ -273,10 +301,11 @@ impl App {
         })
     }
 
-    /// The hub of `room`, loaded from the store on first use. `None` when the room limit is
-    /// reached. A new hub enters the map before its row is read, so the publisher applies what
-    /// commits meanwhile; the load then keeps the newer of the row and what was published.
-    pub async fn room(&self, room: &RoomId) -> Result<Option<Arc<Room>>, StoreError> {
+    /// The hub of `room`, loaded from the store on first use, held until the returned handle is
+    /// dropped. `None` when the room limit is reached. A new hub enters the map before its row is
+    /// read, so the publisher applies what commits meanwhile; the load then keeps the newer of the
+    /// row and what was published.
+    pub async fn room(self: &Arc<Self>, room: &RoomId) -> Result<Option<HeldRoom>, StoreError> {
         let hub = {
             let mut map = self.rooms.lock().expect("rooms lock");
             match map.get(room) {
@@ -296,11 +325,17 @@ impl App {
                 }
             }
         };
-        if let Err(e) = hub.loaded.get_or_try_init(|| self.load(&hub)).await {
-            self.release(&hub).await;
-            return Err(e);
-        }
-        Ok(Some(hub))
+        // Counted from here on: the handle releases the hub however this future or its caller
+        // ends (a failed load, or a request dropped when its client went away).
+        let held = HeldRoom {
+            app: self.clone(),
+            hub,
+        };
+        held.hub
+            .loaded
+            .get_or_try_init(|| self.load(&held.hub))
+            .await?;
+        Ok(Some(held))
     }
 
     /// Reads the room's row into a new hub, keeping whatever newer the publisher applied already.
@@ -320,8 +355,9 @@ impl App {
         Ok(())
     }
 
-    /// Releases a hub obtained from [`App::room`]; the last holder drops it from the map.
-    pub async fn release(&self, room: &Arc<Room>) {
+    /// Releases a hub obtained from [`App::room`] (by dropping its [`HeldRoom`]); the last
+    /// holder drops it from the map.
+    fn release(&self, room: &Room) {
         let mut map = self.rooms.lock().expect("rooms lock");
         if room.users.fetch_sub(1, Ordering::Relaxed) == 1 {
             map.remove(&room.id);
@@ -629,13 +665,6 @@ async fn sweeper(app: Arc<App>) {
     loop {
         tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 5000))).await;
         ticks += 1;
-        let lapsed: HashSet<RoomId> = match app.store.lapsed_rooms(1000).await {
-            Ok(v) => v.into_iter().collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "lease sweep failed");
-                continue;
-            }
-        };
         let hubs: Vec<Arc<Room>> = app
             .rooms
             .lock()
@@ -643,6 +672,21 @@ async fn sweeper(app: Arc<App>) {
             .values()
             .cloned()
             .collect();
+        // Only the rooms served here (a closed room is never granted again): rooms without a
+        // hub in this process are not ours to reassign, and a query over every lapsed row let
+        // abandoned rooms crowd out live ones.
+        let ids: Vec<RoomId> = hubs
+            .iter()
+            .filter(|h| !h.state.lock().expect("room lock").closed)
+            .map(|h| h.id.clone())
+            .collect();
+        let lapsed: HashSet<RoomId> = match app.store.lapsed_rooms(&ids).await {
+            Ok(v) => v.into_iter().collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "lease sweep failed");
+                continue;
+            }
+        };
         for hub in hubs {
             let needs = lapsed.contains(&hub.id) || {
                 let st = hub.state.lock().expect("room lock");
@@ -777,6 +821,60 @@ mod tests {
         );
         leave(2, Duration::ZERO);
         assert!(rx.try_recv().is_ok(), "no interval: at once");
+    }
+
+    async fn test_app() -> (tempfile::TempDir, Arc<App>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
+            .await
+            .unwrap();
+        let join = Verifier::from_keys(&[Keypair::generate("app").public()]).unwrap();
+        let app = App::new(
+            Config::default(),
+            Arc::new(store),
+            Keypair::generate("srv"),
+            join,
+            None,
+        );
+        (dir, app)
+    }
+
+    fn in_map(app: &App, room: &RoomId) -> bool {
+        app.rooms.lock().unwrap().contains_key(room)
+    }
+
+    /// A held hub is released when its handle is dropped, with no explicit release: also when
+    /// the future holding it is dropped mid-way (an HTTP request whose client went away).
+    #[tokio::test]
+    async fn a_dropped_holder_releases_its_hub() {
+        let (_dir, app) = test_app().await;
+        let room = RoomId::new("held").unwrap();
+
+        let a = app.room(&room).await.unwrap().expect("a hub");
+        let b = app.room(&room).await.unwrap().expect("a hub");
+        assert!(Arc::ptr_eq(a.hub(), b.hub()), "one hub per room");
+        drop(a);
+        assert!(in_map(&app, &room), "still held by the other");
+        drop(b);
+        assert!(!in_map(&app, &room), "the last holder dropped it");
+
+        // A request that acquired the hub and was then cancelled while waiting.
+        let request = {
+            let app = app.clone();
+            let room = room.clone();
+            async move {
+                let hub = app.room(&room).await.unwrap().expect("a hub");
+                let _decide = hub.decide.lock().await;
+                std::future::pending::<()>().await;
+            }
+        };
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), request)
+                .await
+                .is_err(),
+            "the request never finishes"
+        );
+        assert!(!in_map(&app, &room), "the dropped request released the hub");
     }
 
     fn snapshot_of(hub: &Room) -> (Seq, SignedAssignment) {

@@ -217,8 +217,10 @@ pub trait Store: Send + Sync + 'static {
         since: u64,
         limit: i64,
     ) -> StoreResult<Vec<InboxEntry>>;
-    /// Rooms with a host whose lease has lapsed on the store clock.
-    async fn lapsed_rooms(&self, limit: i64) -> StoreResult<Vec<RoomId>>;
+    /// Of `rooms` (the rooms this process has hubs for), those open with a host whose lease has
+    /// lapsed on the store clock. Only rooms named are looked at, so rooms nobody here serves
+    /// (abandoned ones, or another process's) cannot crowd out the ones that are.
+    async fn lapsed_rooms(&self, rooms: &[RoomId]) -> StoreResult<Vec<RoomId>>;
     /// Deletes idempotency records older than the retention and trims each room's log to its
     /// newest `keep` items.
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()>;
@@ -226,6 +228,9 @@ pub trait Store: Send + Sync + 'static {
 
 /// Outbox rows written to the offline inboxes per transaction.
 const NOTIFY_CHUNK: usize = 16;
+
+/// Rooms looked up per query by [`Store::lapsed_rooms`].
+const LAPSED_CHUNK: usize = 500;
 
 pub struct SqliteStore {
     /// Readers (WAL: they never wait for the writer).
@@ -1097,18 +1102,23 @@ impl Store for SqliteStore {
             .collect())
     }
 
-    async fn lapsed_rooms(&self, limit: i64) -> StoreResult<Vec<RoomId>> {
-        let q = format!(
-            "SELECT room FROM rooms WHERE host IS NOT NULL AND lease_expires <= {NOW} AND closed = 0 LIMIT ?"
-        );
-        let rows: Vec<String> = sqlx::query_scalar(&q)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|r| RoomId::new(r).ok())
-            .collect())
+    async fn lapsed_rooms(&self, rooms: &[RoomId]) -> StoreResult<Vec<RoomId>> {
+        let mut lapsed = Vec::new();
+        // A chunk's names are bound parameters (SQLite allows 32 766 per statement).
+        for chunk in rooms.chunks(LAPSED_CHUNK) {
+            let marks = vec!["?"; chunk.len()].join(",");
+            let q = format!(
+                "SELECT room FROM rooms WHERE room IN ({marks}) AND host IS NOT NULL \
+                 AND lease_expires <= {NOW} AND closed = 0"
+            );
+            let mut query = sqlx::query_scalar::<_, String>(&q);
+            for r in chunk {
+                query = query.bind(r.as_str());
+            }
+            let rows = query.fetch_all(&self.pool).await?;
+            lapsed.extend(rows.into_iter().filter_map(|r| RoomId::new(r).ok()));
+        }
+        Ok(lapsed)
     }
 
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()> {

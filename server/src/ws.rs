@@ -44,8 +44,51 @@ const PUBLISH_WAIT: Duration = Duration::from_millis(100);
 /// Broadcast frames written per flush at most.
 const BROADCAST_BATCH: usize = 64;
 
-type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
 type Stream = futures_util::stream::SplitStream<WebSocket>;
+
+/// A write that did not complete: the socket failed, or the client stopped reading and the write
+/// outlasted the sink's limit. Either way the session ends.
+#[derive(Debug)]
+struct WriteFailed;
+
+/// The socket's write half, every write bounded by `limit` (`Config::write_timeout_ms`): a
+/// client that stops reading fills the socket's buffers, and an unbounded write would then hold
+/// its session, member entry and connection slot forever.
+struct Sink {
+    inner: futures_util::stream::SplitSink<WebSocket, Message>,
+    limit: Duration,
+}
+
+impl Sink {
+    fn done<E>(r: Result<Result<(), E>, tokio::time::error::Elapsed>) -> Result<(), WriteFailed> {
+        match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(WriteFailed),
+            Err(_) => {
+                metrics::counter!("hostlease_ws_write_timeouts_total").increment(1);
+                Err(WriteFailed)
+            }
+        }
+    }
+
+    /// Writes and flushes one frame.
+    async fn send(&mut self, m: Message) -> Result<(), WriteFailed> {
+        Self::done(tokio::time::timeout(self.limit, self.inner.send(m)).await)
+    }
+
+    /// Queues one frame (written when the buffer fills or at the next flush).
+    async fn feed(&mut self, m: Message) -> Result<(), WriteFailed> {
+        Self::done(tokio::time::timeout(self.limit, self.inner.feed(m)).await)
+    }
+
+    async fn flush(&mut self) -> Result<(), WriteFailed> {
+        Self::done(tokio::time::timeout(self.limit, self.inner.flush()).await)
+    }
+
+    async fn close(&mut self) -> Result<(), WriteFailed> {
+        Self::done(tokio::time::timeout(self.limit, self.inner.close()).await)
+    }
+}
 
 fn frame(msg: &ServerMsg) -> Message {
     Message::Text(encode_server(msg).into())
@@ -60,8 +103,11 @@ fn error_msg(code: ErrorCode, message: &str) -> ServerMsg {
 
 async fn close_with(sink: &mut Sink, code: ErrorCode, message: &str) {
     metrics::counter!("hostlease_ws_errors_total", "code" => code.as_str()).increment(1);
-    let _ = sink.send(frame(&error_msg(code, message))).await;
-    let _ = sink
+    // A write that fails or times out ends the attempt: the next ones would only wait as long.
+    if sink.send(frame(&error_msg(code, message))).await.is_err() {
+        return;
+    }
+    if sink
         .send(Message::Close(Some(CloseFrame {
             code: if code == ErrorCode::Internal {
                 1011
@@ -70,7 +116,11 @@ async fn close_with(sink: &mut Sink, code: ErrorCode, message: &str) {
             },
             reason: code.as_str().into(),
         })))
-        .await;
+        .await
+        .is_err()
+    {
+        return;
+    }
     let _ = sink.close().await;
 }
 
@@ -124,7 +174,11 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
     // Counted until the socket is dropped, drain included, so the cap bounds open sockets.
     let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
     let _guard = ConnGuard(app.clone());
-    let (mut sink, mut stream) = socket.split();
+    let (sink, mut stream) = socket.split();
+    let mut sink = Sink {
+        inner: sink,
+        limit: Duration::from_millis(app.cfg.write_timeout_ms),
+    };
     if count > app.cfg.max_connections {
         close_with(
             &mut sink,
@@ -249,7 +303,6 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         Ok(j) => j,
         Err(code) => {
             close_with(&mut sink, code, code.as_str()).await;
-            app.release(&room).await;
             return;
         }
     };
@@ -264,13 +317,13 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     }
     let mut conn = Conn {
         app: app.clone(),
-        room: room.clone(),
+        room: room.hub().clone(),
         me: claims.sub.clone(),
         session: session.clone(),
         sink,
         host_epoch: None,
         host_ttl: app.cfg.lease_ms,
-        probe_nonce: 0,
+        probe_nonce: None,
         probe_sent: None,
         next_probe: None,
         participant_refresh: Instant::now(),
@@ -312,7 +365,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             room.announce(&mut st, member, false, presence_interval);
         }
     }
-    app.release(&room).await;
+    // `room` (the held hub) is released here, as on every earlier return.
 }
 
 struct Conn {
@@ -325,7 +378,8 @@ struct Conn {
     host_epoch: Option<Epoch>,
     /// The TTL of the current grant to this session (probe interval is a third of it).
     host_ttl: u64,
-    probe_nonce: u64,
+    /// The outstanding probe's nonce, until its first echo.
+    probe_nonce: Option<u64>,
     /// When the outstanding probe went out (for the round-trip histogram).
     probe_sent: Option<Instant>,
     next_probe: Option<Instant>,
@@ -419,8 +473,9 @@ impl Conn {
                         if let Ok(ServerMsg::Error { code, .. }) = decode_server(&f) {
                             metrics::counter!("hostlease_ws_errors_total", "code" => code.as_str()).increment(1);
                         }
-                        let _ = self.sink.send(Message::Text(f.into())).await;
-                        let _ = self.sink.send(Message::Close(None)).await;
+                        if self.sink.send(Message::Text(f.into())).await.is_ok() {
+                            let _ = self.sink.send(Message::Close(None)).await;
+                        }
                         Flow::End(false)
                     }
                     None => Flow::End(false),
@@ -555,20 +610,15 @@ impl Conn {
             self.next_probe = None;
             return Flow::Continue;
         };
-        self.probe_nonce = {
+        let nonce = {
             let mut b = [0u8; 8];
             getrandom::fill(&mut b).expect("random source");
             u64::from_le_bytes(b) >> 11
         };
+        self.probe_nonce = Some(nonce);
         self.probe_sent = Some(Instant::now());
         self.next_probe = Some(Instant::now() + Duration::from_millis((self.host_ttl / 3).max(1)));
-        if self
-            .send(&ServerMsg::LeaseProbe {
-                nonce: self.probe_nonce,
-                epoch,
-            })
-            .await
-        {
+        if self.send(&ServerMsg::LeaseProbe { nonce, epoch }).await {
             Flow::Continue
         } else {
             Flow::End(false)
@@ -579,9 +629,12 @@ impl Conn {
         let Some(epoch) = self.host_epoch else {
             return Flow::Continue;
         };
-        if nonce != self.probe_nonce {
+        // One renewal per probe: the nonce is spent by its first echo (a repeated echo would
+        // otherwise renew, and cost a store write, as often as a client cares to send it).
+        if self.probe_nonce != Some(nonce) {
             return Flow::Continue;
         }
+        self.probe_nonce = None;
         if let Some(sent) = self.probe_sent.take() {
             metrics::histogram!("hostlease_probe_rtt_seconds").record(sent.elapsed().as_secs_f64());
         }
@@ -701,21 +754,13 @@ impl Conn {
         m: Option<Result<Message, axum::Error>>,
         commands: &mut Commands,
     ) -> Flow {
-        let text = match m {
-            Some(Ok(Message::Text(t))) => t,
+        let m = match m {
             Some(Ok(Message::Close(_))) => return Flow::End(true),
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Flow::Continue,
-            Some(Ok(Message::Binary(_))) => {
-                close_with(
-                    &mut self.sink,
-                    ErrorCode::BadFrame,
-                    "binary frames are not accepted",
-                )
-                .await;
-                return Flow::End(false);
-            }
+            Some(Ok(m)) => m,
             Some(Err(_)) | None => return Flow::End(false),
         };
+        // Every frame but the close counts against the message rate, control frames too: each
+        // ping costs a pong, so a ping flood is a flood like any other.
         if !self.bucket.take() {
             close_with(
                 &mut self.sink,
@@ -725,6 +770,20 @@ impl Conn {
             .await;
             return Flow::End(false);
         }
+        let text = match m {
+            Message::Text(t) => t,
+            Message::Ping(_) | Message::Pong(_) => return Flow::Continue,
+            Message::Binary(_) => {
+                close_with(
+                    &mut self.sink,
+                    ErrorCode::BadFrame,
+                    "binary frames are not accepted",
+                )
+                .await;
+                return Flow::End(false);
+            }
+            Message::Close(_) => return Flow::End(true),
+        };
         if text.len() > MAX_CLIENT_FRAME {
             close_with(&mut self.sink, ErrorCode::FrameTooLarge, "frame too large").await;
             return Flow::End(false);

@@ -378,3 +378,121 @@ async fn closing_a_hostless_room_does_not_move_the_epoch() {
     assert!(row.closed);
     assert_eq!(row.epoch, Epoch(0));
 }
+
+/// Reassigning a hostless room with no eligible member is not a grant: hostless -> hostless
+/// does not move the epoch, neither for a room never granted nor for one whose host left.
+#[tokio::test]
+async fn reassigning_a_hostless_room_without_candidates_does_not_move_the_epoch() {
+    let srv = start(test_config()).await;
+    let http = reqwest::Client::new();
+    let reassign = |room: &'static str| {
+        let (http, addr) = (http.clone(), srv.addr);
+        async move {
+            let r = http
+                .post(format!("http://{addr}/v1/admin/rooms/{room}/reassign"))
+                .bearer_auth("admin-secret")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.protocol::<hostlease::protocol::SignedAssignment>()
+                .await
+                .assignment
+        }
+    };
+    let epoch_of = |room: &'static str| {
+        let app = srv.app.clone();
+        async move {
+            app.store
+                .room(&RoomId::new(room).unwrap())
+                .await
+                .unwrap()
+                .map_or(Epoch(0), |r| r.epoch)
+        }
+    };
+
+    // A room never granted, nobody in it.
+    for _ in 0..2 {
+        let a = reassign("empty").await;
+        assert_eq!((a.epoch, a.host), (Epoch(0), None));
+        assert_eq!(epoch_of("empty").await, Epoch(0));
+    }
+
+    // A room whose host left, with only a member who may not host.
+    let mut a = Raw::join(
+        srv.addr,
+        "gone",
+        &join_token(&srv.app_key, "gone", "alice", true),
+        None,
+    )
+    .await;
+    a.until(|m| matches!(m, ServerMsg::LeaseProbe { .. }).then_some(()))
+        .await;
+    let mut b = Raw::join(
+        srv.addr,
+        "gone",
+        &join_token(&srv.app_key, "gone", "bob", false),
+        None,
+    )
+    .await;
+    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+        .await;
+    a.send(&hostlease::protocol::ClientMsg::Leave).await;
+    let left = b
+        .until(|m| match m {
+            ServerMsg::Assignment(x) if x.assignment.host.is_none() => Some(x.assignment.epoch),
+            _ => None,
+        })
+        .await;
+    assert_eq!(left, Epoch(2));
+    for _ in 0..2 {
+        let a = reassign("gone").await;
+        assert_eq!((a.epoch, a.host), (Epoch(2), None));
+        assert_eq!(epoch_of("gone").await, Epoch(2));
+    }
+}
+
+/// An admin request whose client goes away while the handler waits (here for the room's
+/// decision lock) still releases the room: once its last session leaves, the hub leaves the
+/// process's map.
+#[tokio::test]
+async fn a_request_dropped_by_its_client_releases_the_room() {
+    let srv = start(test_config()).await;
+    let id = RoomId::new("dropped").unwrap();
+    let mut a = Raw::join(
+        srv.addr,
+        "dropped",
+        &join_token(&srv.app_key, "dropped", "alice", true),
+        None,
+    )
+    .await;
+    a.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+        .await;
+    // The hub itself, not counted as a holder.
+    let hub = srv.app.rooms.lock().unwrap().get(&id).cloned().unwrap();
+    let decide = hub.decide.lock().await;
+    let r = reqwest::Client::new()
+        .post(format!(
+            "http://{}/v1/admin/rooms/dropped/reassign",
+            srv.addr
+        ))
+        .bearer_auth("admin-secret")
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(r.is_err(), "the request waits for the decision lock");
+    // Let the server see the client gone (and drop the handler's future).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(decide);
+    drop(hub);
+    a.send(&hostlease::protocol::ClientMsg::Leave).await;
+    assert_eq!(a.until_closed().await, None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while srv.app.rooms.lock().unwrap().contains_key(&id) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the hub leaked: still in the map after every holder went"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -279,3 +279,69 @@ async fn a_burst_of_joins_and_leaves_ends_with_every_view_listing_the_members() 
     )
     .await;
 }
+
+/// The sweeper looks only at the rooms this process serves: more abandoned rooms with lapsed
+/// leases than one sweep's query used to return (1 000, in lease order) must not keep a live
+/// room's lapsed host from being replaced.
+#[tokio::test]
+async fn abandoned_lapsed_rooms_do_not_starve_a_live_one() {
+    use hostlease::protocol::{RoomId, ServerMsg, SessionId};
+    use hostlease_server::store::{GrantOutcome, GrantReq};
+    let srv = start(test_config()).await;
+    // 1 100 rooms granted with a short lease and nobody connected: lapsed, no hub here.
+    let mut tasks = Vec::new();
+    for i in 0..1100 {
+        let app = srv.app.clone();
+        tasks.push(tokio::spawn(async move {
+            let req = GrantReq {
+                room: RoomId::new(format!("gone-{i}")).unwrap(),
+                expected_epoch: Epoch(0),
+                holder: Some((
+                    ParticipantId::new("ghost").unwrap(),
+                    SessionId::new(format!("s-{i}")).unwrap(),
+                )),
+                lease_ms: 30,
+                reason: Reason::Elected,
+                require_lapsed: false,
+                close: false,
+            };
+            matches!(
+                app.store.grant(req, &app.keys).await.unwrap(),
+                GrantOutcome::Won { .. }
+            )
+        }));
+    }
+    for t in tasks {
+        assert!(t.await.unwrap());
+    }
+    // A live room whose host stops answering probes, with another eligible member.
+    let mut a = Raw::join(
+        srv.addr,
+        "live",
+        &join_token(&srv.app_key, "live", "alice", true),
+        None,
+    )
+    .await;
+    a.until(|m| matches!(m, ServerMsg::LeaseProbe { .. }).then_some(()))
+        .await;
+    let mut b = Raw::join(
+        srv.addr,
+        "live",
+        &join_token(&srv.app_key, "live", "bob", true),
+        None,
+    )
+    .await;
+    // Alice never echoes: her lease (1.5 s) lapses and the sweeper must give bob the room.
+    let got = b
+        .until(|m| match m {
+            ServerMsg::Assignment(x)
+                if x.assignment.host.as_ref().map(|h| h.as_str()) == Some("bob") =>
+            {
+                Some(x.assignment.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(got.reason, Reason::LeaseLapsed);
+    assert_eq!(got.epoch, Epoch(2));
+}

@@ -546,3 +546,157 @@ async fn room_member_and_http_limits() {
     let secs: u64 = retry_after.expect("Retry-After").parse().unwrap();
     assert!(secs >= 1);
 }
+
+/// A probe's nonce is spent by its first echo: echoing it again renews nothing and is not
+/// confirmed again.
+#[tokio::test]
+async fn a_probe_nonce_is_confirmed_once() {
+    let srv = start(hostlease_server::Config {
+        lease_ms: 6000,
+        ..test_config()
+    })
+    .await;
+    let mut a = Raw::join(
+        srv.addr,
+        "once",
+        &join_token(&srv.app_key, "once", "alice", true),
+        None,
+    )
+    .await;
+    let nonce = a
+        .until(|m| match m {
+            ServerMsg::LeaseProbe { nonce, .. } => Some(*nonce),
+            _ => None,
+        })
+        .await;
+    for _ in 0..3 {
+        a.send(&ClientMsg::LeaseEcho { nonce }).await;
+    }
+    // Well within the next probe (ttl/3 = 2 s), which would carry another nonce anyway.
+    let mut confirms = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1000);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match a.next(left).await {
+            Some(ServerMsg::LeaseConfirm { nonce: n, .. }) if n == nonce => confirms += 1,
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert_eq!(confirms, 1, "one confirmation (one renewal) per probe");
+}
+
+/// Control frames count against the per-connection message rate: a ping flood is closed like
+/// any other flood.
+#[tokio::test]
+async fn a_ping_flood_is_rate_limited() {
+    let srv = start(hostlease_server::Config {
+        msg_rate: 5.0,
+        msg_burst: 10.0,
+        ..test_config()
+    })
+    .await;
+    let mut c = Raw::join(
+        srv.addr,
+        "pings",
+        &join_token(&srv.app_key, "pings", "flood", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut c).await;
+    use futures_util::SinkExt;
+    for _ in 0..200 {
+        let ping = tokio_tungstenite::tungstenite::Message::Ping(vec![1u8, 2, 3].into());
+        if c.ws.send(ping).await.is_err() {
+            break;
+        }
+    }
+    assert_eq!(c.until_closed().await, Some(ErrorCode::RateLimited));
+}
+
+/// A client that stops reading cannot hold its session forever: once the socket's buffers are
+/// full, a write outlasts the write timeout and the session ends (its member entry goes).
+#[tokio::test]
+async fn a_client_that_stops_reading_is_dropped_after_the_write_timeout() {
+    use futures_util::SinkExt;
+    let srv = start(hostlease_server::Config {
+        write_timeout_ms: 300,
+        msg_rate: 1e6,
+        msg_burst: 1e6,
+        ..test_config()
+    })
+    .await;
+    let id = RoomId::new("stall").unwrap();
+    // The stalled client: a small receive buffer, so that the server's writes block soon.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let tcp = sock.connect(srv.addr).await.unwrap();
+    let (ws, _) = tokio_tungstenite::client_async(
+        format!("ws://{}/v1/rooms/stall/ws", srv.addr),
+        tokio_tungstenite::MaybeTlsStream::Plain(tcp),
+    )
+    .await
+    .unwrap();
+    let mut stalled = Raw {
+        ws,
+        seen: vec![],
+        tokens: vec![],
+    };
+    stalled
+        .send(&ClientMsg::Hello {
+            token: join_token(&srv.app_key, "stall", "stalled", false),
+            resume: None,
+            epoch_seen: None,
+        })
+        .await;
+    let _ = ptoken(&mut stalled).await;
+    // From here on `stalled` reads nothing. Another member signals it large frames.
+    let mut sender = Raw::join(
+        srv.addr,
+        "stall",
+        &join_token(&srv.app_key, "stall", "sender", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut sender).await;
+    let members = |srv: &TestServer| {
+        let hub = srv.app.rooms.lock().unwrap().get(&id).cloned();
+        hub.map_or(vec![], |h| {
+            h.members()
+                .into_iter()
+                .map(|m| m.id.to_string())
+                .collect::<Vec<_>>()
+        })
+    };
+    assert!(members(&srv).contains(&"stalled".to_string()));
+    let signal = format!(
+        r#"{{"v":1,"t":"signal","to":"stalled","data":"{}"}}"#,
+        "a".repeat(60_000)
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut sent = 0;
+    while members(&srv).contains(&"stalled".to_string()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stalled session still holds its member entry after {sent} signals"
+        );
+        if sent < 400 {
+            for _ in 0..20 {
+                sender
+                    .ws
+                    .send(tokio_tungstenite::tungstenite::Message::Text(
+                        signal.clone().into(),
+                    ))
+                    .await
+                    .unwrap();
+                sent += 1;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    drop(stalled);
+}
