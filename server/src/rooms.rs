@@ -886,18 +886,7 @@ mod tests {
     /// load must keep whichever is newer, the row or what was published.
     #[tokio::test]
     async fn a_new_hub_keeps_the_newer_of_its_row_and_what_was_published_meanwhile() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
-            .await
-            .unwrap();
-        let join = Verifier::from_keys(&[Keypair::generate("app").public()]).unwrap();
-        let app = App::new(
-            Config::default(),
-            Arc::new(store),
-            Keypair::generate("srv"),
-            join,
-            None,
-        );
+        let (_dir, app) = test_app().await;
         let room = RoomId::new("merge").unwrap();
         let holder = (
             ParticipantId::new("alice").unwrap(),

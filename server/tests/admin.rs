@@ -130,13 +130,7 @@ async fn admin_reassign_kick_and_close() {
     let cur = row.current.unwrap().assignment;
     assert_eq!(cur.reason, Reason::Closed);
     let epoch_closed = cur.epoch;
-    let mut d = Raw::join(
-        srv.addr,
-        "adm",
-        &join_token(&srv.app_key, "adm", "dan", true),
-        None,
-    )
-    .await;
+    let mut d = srv.raw("adm", "dan", true).await;
     assert_eq!(d.until_closed().await, Some(ErrorCode::RoomClosed));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let row = srv
@@ -197,13 +191,7 @@ async fn renewal_of_the_live_host_does_not_move_the_epoch() {
         ..test_config()
     })
     .await;
-    let mut a = Raw::join(
-        srv.addr,
-        "ren",
-        &join_token(&srv.app_key, "ren", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("ren", "alice", true).await;
     let mut confirms = 0;
     let deadline = tokio::time::Instant::now() + WAIT;
     // Several ttl periods of echoed probes: every confirm names epoch 1.
@@ -302,13 +290,7 @@ async fn per_room_ttl_applies_from_the_next_grant() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let mut a = Raw::join(
-        srv.addr,
-        "ttl",
-        &join_token(&srv.app_key, "ttl", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("ttl", "alice", true).await;
     let asg = a
         .until(|m| match m {
             ServerMsg::Assignment(x) => Some(x.assignment.clone()),
@@ -332,13 +314,7 @@ async fn per_room_ttl_applies_from_the_next_grant() {
         .await;
     assert_eq!(remaining, 450);
     // Another room keeps the server default.
-    let mut b = Raw::join(
-        srv.addr,
-        "dflt",
-        &join_token(&srv.app_key, "dflt", "bob", true),
-        None,
-    )
-    .await;
+    let mut b = srv.raw("dflt", "bob", true).await;
     let asg = b
         .until(|m| match m {
             ServerMsg::Assignment(x) => Some(x.assignment.clone()),
@@ -351,13 +327,7 @@ async fn per_room_ttl_applies_from_the_next_grant() {
 #[tokio::test]
 async fn closing_a_hostless_room_does_not_move_the_epoch() {
     let srv = start(test_config()).await;
-    let mut b = Raw::join(
-        srv.addr,
-        "hl",
-        &join_token(&srv.app_key, "hl", "bob", false),
-        None,
-    )
-    .await;
+    let mut b = srv.raw("hl", "bob", false).await;
     b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
         .await;
     let r = reqwest::Client::new()
@@ -419,22 +389,10 @@ async fn reassigning_a_hostless_room_without_candidates_does_not_move_the_epoch(
     }
 
     // A room whose host left, with only a member who may not host.
-    let mut a = Raw::join(
-        srv.addr,
-        "gone",
-        &join_token(&srv.app_key, "gone", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("gone", "alice", true).await;
     a.until(|m| matches!(m, ServerMsg::LeaseProbe { .. }).then_some(()))
         .await;
-    let mut b = Raw::join(
-        srv.addr,
-        "gone",
-        &join_token(&srv.app_key, "gone", "bob", false),
-        None,
-    )
-    .await;
+    let mut b = srv.raw("gone", "bob", false).await;
     b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
         .await;
     a.send(&hostlease::protocol::ClientMsg::Leave).await;
@@ -459,13 +417,7 @@ async fn reassigning_a_hostless_room_without_candidates_does_not_move_the_epoch(
 async fn a_request_dropped_by_its_client_releases_the_room() {
     let srv = start(test_config()).await;
     let id = RoomId::new("dropped").unwrap();
-    let mut a = Raw::join(
-        srv.addr,
-        "dropped",
-        &join_token(&srv.app_key, "dropped", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("dropped", "alice", true).await;
     a.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
         .await;
     // The hub itself, not counted as a holder.

@@ -128,30 +128,12 @@ async fn rejection_matrix_changes_no_state() {
     };
     let srv = start(cfg).await;
     let room = RoomId::new("m").unwrap();
-    let mut a = Raw::join(
-        srv.addr,
-        "m",
-        &join_token(&srv.app_key, "m", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("m", "alice", true).await;
     // The sweeper is slow here, so the join's own election grants alice.
     let g = wait_host(&mut a).await;
-    let mut a2 = Raw::join(
-        srv.addr,
-        "m",
-        &join_token(&srv.app_key, "m", "alice", true),
-        None,
-    )
-    .await;
+    let mut a2 = srv.raw("m", "alice", true).await;
     let _ = participant_token(&mut a2).await;
-    let mut b = Raw::join(
-        srv.addr,
-        "m",
-        &join_token(&srv.app_key, "m", "bob", true),
-        None,
-    )
-    .await;
+    let mut b = srv.raw("m", "bob", true).await;
     let pb = participant_token(&mut b).await;
     let before = srv.app.store.room(&room).await.unwrap().unwrap();
     let now = hostlease_server::tokens::now_ms();
@@ -321,21 +303,9 @@ async fn rejection_matrix_changes_no_state() {
 async fn stale_host_token_after_resign_is_refused() {
     let srv = start(test_config()).await;
     let room = RoomId::new("st").unwrap();
-    let mut a = Raw::join(
-        srv.addr,
-        "st",
-        &join_token(&srv.app_key, "st", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("st", "alice", true).await;
     let g = wait_host(&mut a).await;
-    let mut b = Raw::join(
-        srv.addr,
-        "st",
-        &join_token(&srv.app_key, "st", "bob", true),
-        None,
-    )
-    .await;
+    let mut b = srv.raw("st", "bob", true).await;
     let gb_task = tokio::spawn(async move {
         let g = wait_host(&mut b).await;
         (b, g)
@@ -364,13 +334,7 @@ async fn stale_host_token_after_resign_is_refused() {
 async fn idempotent_retries_across_ws_and_http() {
     let srv = start(test_config()).await;
     let room = RoomId::new("idem").unwrap();
-    let mut b = Raw::join(
-        srv.addr,
-        "idem",
-        &join_token(&srv.app_key, "idem", "bob", false),
-        None,
-    )
-    .await;
+    let mut b = srv.raw("idem", "bob", false).await;
     let p = participant_token(&mut b).await;
     let o1 = cmd(&mut b, "k1", "vote", None, &p).await;
     let Outcome::Accepted { seq } = o1 else {
@@ -459,13 +423,7 @@ async fn idempotent_retries_across_ws_and_http() {
 #[tokio::test]
 async fn a_burst_of_commands_on_one_socket_is_answered_in_order() {
     let srv = start(test_config()).await;
-    let mut a = Raw::join(
-        srv.addr,
-        "burst",
-        &join_token(&srv.app_key, "burst", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("burst", "alice", true).await;
     let g = wait_host(&mut a).await;
     // Sent back to back without waiting: the server reads on while earlier ones commit. One in
     // the middle carries a stale epoch and one reuses a key with another payload.
@@ -550,13 +508,7 @@ async fn probe_round_trips_reconnects_and_epoch_ahead_claims_are_measured() {
     };
     // The recorder is process-wide (other tests run beside this one): compare before and after.
     let before = page().await;
-    let mut a = Raw::join(
-        srv.addr,
-        "obs",
-        &join_token(&srv.app_key, "obs", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("obs", "alice", true).await;
     let g = wait_host(&mut a).await; // answered a probe: one round trip measured
     let ahead = Epoch(g.epoch.0 + 5);
     let o = cmd(&mut a, "far", "poll.open", Some(ahead), &g.host).await;

@@ -315,22 +315,10 @@ async fn abandoned_lapsed_rooms_do_not_starve_a_live_one() {
         assert!(t.await.unwrap());
     }
     // A live room whose host stops answering probes, with another eligible member.
-    let mut a = Raw::join(
-        srv.addr,
-        "live",
-        &join_token(&srv.app_key, "live", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("live", "alice", true).await;
     a.until(|m| matches!(m, ServerMsg::LeaseProbe { .. }).then_some(()))
         .await;
-    let mut b = Raw::join(
-        srv.addr,
-        "live",
-        &join_token(&srv.app_key, "live", "bob", true),
-        None,
-    )
-    .await;
+    let mut b = srv.raw("live", "bob", true).await;
     // Alice never echoes: her lease (1.5 s) lapses and the sweeper must give bob the room.
     let got = b
         .until(|m| match m {

@@ -112,29 +112,11 @@ async fn resume_replays_missed_items_and_announces_a_gap() {
 #[tokio::test]
 async fn presence_and_signalling_stay_in_the_room() {
     let srv = start(test_config()).await;
-    let mut a = Raw::join(
-        srv.addr,
-        "sg",
-        &join_token(&srv.app_key, "sg", "alice", false),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("sg", "alice", false).await;
     let _ = ptoken(&mut a).await;
-    let mut b = Raw::join(
-        srv.addr,
-        "sg",
-        &join_token(&srv.app_key, "sg", "bob", false),
-        None,
-    )
-    .await;
+    let mut b = srv.raw("sg", "bob", false).await;
     let _ = ptoken(&mut b).await;
-    let mut x = Raw::join(
-        srv.addr,
-        "other",
-        &join_token(&srv.app_key, "other", "bob", false),
-        None,
-    )
-    .await;
+    let mut x = srv.raw("other", "bob", false).await;
     let _ = ptoken(&mut x).await;
     a.until(|m| match m {
         ServerMsg::Presence {
@@ -184,13 +166,7 @@ async fn abusive_clients_get_a_typed_error_and_a_close_without_affecting_others(
         ..test_config()
     };
     let srv = start(cfg).await;
-    let mut good = Raw::join(
-        srv.addr,
-        "ok",
-        &join_token(&srv.app_key, "ok", "g", false),
-        None,
-    )
-    .await;
+    let mut good = srv.raw("ok", "g", false).await;
     let gp = ptoken(&mut good).await;
 
     // Not a hello first.
@@ -238,13 +214,7 @@ async fn abusive_clients_get_a_typed_error_and_a_close_without_affecting_others(
     .await;
     assert_eq!(c.until_closed().await, Some(ErrorCode::Unauthorized));
     // Oversized frame on a live socket.
-    let mut c = Raw::join(
-        srv.addr,
-        "bad",
-        &join_token(&srv.app_key, "bad", "big", false),
-        None,
-    )
-    .await;
+    let mut c = srv.raw("bad", "big", false).await;
     let _ = ptoken(&mut c).await;
     let big = format!(
         r#"{{"v":1,"t":"signal","to":"x","data":"{}"}}"#,
@@ -253,13 +223,7 @@ async fn abusive_clients_get_a_typed_error_and_a_close_without_affecting_others(
     c.send_text(big).await;
     assert_eq!(c.until_closed().await, Some(ErrorCode::FrameTooLarge));
     // Flooding.
-    let mut c = Raw::join(
-        srv.addr,
-        "bad",
-        &join_token(&srv.app_key, "bad", "flood", false),
-        None,
-    )
-    .await;
+    let mut c = srv.raw("bad", "flood", false).await;
     let _ = ptoken(&mut c).await;
     for _ in 0..200 {
         if !c
@@ -368,13 +332,7 @@ async fn offline_members_get_a_durable_inbox() {
     let _ = ptoken(&mut b).await;
     b.send(&ClientMsg::Leave).await;
     let _ = b.until_closed().await;
-    let mut c = Raw::join(
-        srv.addr,
-        "ib",
-        &join_token(&srv.app_key, "ib", "carol", false),
-        None,
-    )
-    .await;
+    let mut c = srv.raw("ib", "carol", false).await;
     let p = ptoken(&mut c).await;
     // Wait until bob is gone from the membership, then act.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -489,29 +447,11 @@ async fn room_member_and_http_limits() {
         ..test_config()
     };
     let srv = start(cfg).await;
-    let mut a = Raw::join(
-        srv.addr,
-        "one",
-        &join_token(&srv.app_key, "one", "a", false),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("one", "a", false).await;
     let _ = ptoken(&mut a).await;
-    let mut b = Raw::join(
-        srv.addr,
-        "one",
-        &join_token(&srv.app_key, "one", "b", false),
-        None,
-    )
-    .await;
+    let mut b = srv.raw("one", "b", false).await;
     assert_eq!(b.until_closed().await, Some(ErrorCode::RoomFull));
-    let mut c = Raw::join(
-        srv.addr,
-        "two",
-        &join_token(&srv.app_key, "two", "c", false),
-        None,
-    )
-    .await;
+    let mut c = srv.raw("two", "c", false).await;
     assert_eq!(c.until_closed().await, Some(ErrorCode::TooManyRooms));
     // The first member is unaffected.
     a.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
@@ -556,13 +496,7 @@ async fn a_probe_nonce_is_confirmed_once() {
         ..test_config()
     })
     .await;
-    let mut a = Raw::join(
-        srv.addr,
-        "once",
-        &join_token(&srv.app_key, "once", "alice", true),
-        None,
-    )
-    .await;
+    let mut a = srv.raw("once", "alice", true).await;
     let nonce = a
         .until(|m| match m {
             ServerMsg::LeaseProbe { nonce, .. } => Some(*nonce),
@@ -599,13 +533,7 @@ async fn a_ping_flood_is_rate_limited() {
         ..test_config()
     })
     .await;
-    let mut c = Raw::join(
-        srv.addr,
-        "pings",
-        &join_token(&srv.app_key, "pings", "flood", false),
-        None,
-    )
-    .await;
+    let mut c = srv.raw("pings", "flood", false).await;
     let _ = ptoken(&mut c).await;
     use futures_util::SinkExt;
     for _ in 0..200 {
@@ -654,13 +582,7 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_timeout() {
         .await;
     let _ = ptoken(&mut stalled).await;
     // From here on `stalled` reads nothing. Another member signals it large frames.
-    let mut sender = Raw::join(
-        srv.addr,
-        "stall",
-        &join_token(&srv.app_key, "stall", "sender", false),
-        None,
-    )
-    .await;
+    let mut sender = srv.raw("stall", "sender", false).await;
     let _ = ptoken(&mut sender).await;
     let members = |srv: &TestServer| {
         let hub = srv.app.rooms.lock().unwrap().get(&id).cloned();

@@ -70,6 +70,19 @@ pub async fn start(cfg: Config) -> TestServer {
     }
 }
 
+impl TestServer {
+    /// A raw-protocol client joined to `room` as `p` with a join token from the app key.
+    pub async fn raw(&self, room: &str, p: &str, may_host: bool) -> Raw {
+        Raw::join(
+            self.addr,
+            room,
+            &join_token(&self.app_key, room, p, may_host),
+            None,
+        )
+        .await
+    }
+}
+
 pub fn join_token(key: &Keypair, room: &str, p: &str, may_host: bool) -> Token {
     let claims = JoinClaims {
         room: RoomId::new(room).unwrap(),
