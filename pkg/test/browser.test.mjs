@@ -10,6 +10,7 @@ import { chromium } from "playwright-core";
 import { FaultProxy } from "./harness/proxy.mjs";
 import { serveStatic } from "./harness/static.mjs";
 import { startServer } from "./harness/server.mjs";
+import { until } from "./harness/until.mjs";
 
 const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -32,17 +33,6 @@ after(async () => {
   await srv?.stop();
   statics?.server.close();
 });
-
-async function until(what, fn, { timeout = 30_000, every = 100 } = {}) {
-  const end = Date.now() + timeout;
-  let last;
-  while (Date.now() < end) {
-    last = await fn();
-    if (last) return last;
-    await new Promise((r) => setTimeout(r, every));
-  }
-  throw new Error(`timed out waiting for ${what}; last: ${JSON.stringify(last)}`);
-}
 
 /** Opens a page for participant `pid` in `room`, connected through its own proxy. */
 async function member(room, pid, { webrtc = true, tokenTtl, tokenTtlMs } = {}) {

@@ -15,6 +15,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { chromium } from "playwright-core";
 import { startServer } from "./harness/server.mjs";
+import { until } from "./harness/until.mjs";
 
 const run = promisify(execFile);
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
@@ -66,17 +67,6 @@ after(async () => {
   await srv?.stop();
   if (app) await rm(app, { recursive: true, force: true });
 });
-
-async function until(what, fn, { timeout = 45_000, every = 100 } = {}) {
-  const end = Date.now() + timeout;
-  let last;
-  while (Date.now() < end) {
-    last = await fn();
-    if (last) return last;
-    await new Promise((r) => setTimeout(r, every));
-  }
-  throw new Error(`timed out waiting for ${what}; last: ${JSON.stringify(last)}`);
-}
 
 /** A tab of the built app for participant `pid`: what it logs and every alert it raises. */
 async function tab(pid) {

@@ -93,14 +93,7 @@ async fn admin_reassign_kick_and_close() {
         .iter()
         .any(|e| matches!(e, hostlease::core::Event::ServerError(ErrorCode::Kicked))));
     // The kick's error frame is counted like the session's own errors.
-    let page = http
-        .get(format!("http://{}/metrics", srv.addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = srv.metrics().await;
     assert!(
         page.contains("hostlease_ws_errors_total{code=\"kicked\"}"),
         "{page}"

@@ -498,14 +498,7 @@ fn metric(page: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn probe_round_trips_reconnects_and_epoch_ahead_claims_are_measured() {
     let srv = start(test_config()).await;
-    let page = || async {
-        reqwest::get(format!("http://{}/metrics", srv.addr))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let page = || srv.metrics();
     // The recorder is process-wide (other tests run beside this one): compare before and after.
     let before = page().await;
     let mut a = srv.raw("obs", "alice", true).await;

@@ -306,14 +306,7 @@ async fn assignments_are_signed_and_http_reads_work() {
             .status(),
         200
     );
-    let m = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = srv.metrics().await;
     assert!(m.contains("hostlease_assignments_total"), "{m}");
     // The admin API wants its key.
     let r = http

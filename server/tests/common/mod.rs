@@ -81,6 +81,16 @@ impl TestServer {
         )
         .await
     }
+
+    /// The server's Prometheus page.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.addr))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
 }
 
 pub fn join_token(key: &Keypair, room: &str, p: &str, may_host: bool) -> Token {
