@@ -84,6 +84,11 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// `HOSTLEASE_BENCH_ONLY=failover|storm` runs one part of the bench (for profiling).
+fn only(part: &str) -> bool {
+    std::env::var("HOSTLEASE_BENCH_ONLY").is_ok_and(|v| v == part)
+}
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -1091,6 +1096,7 @@ async fn fanout_baseline(
     }
 }
 
+#[derive(Default)]
 struct Failover {
     /// Per client: time from the host's leave (or silence) to holding the new assignment, ms.
     samples: Vec<f64>,
@@ -1390,6 +1396,7 @@ async fn commits(dir: &Path) -> Commits {
             epoch: Some(row.epoch),
             key: IdempotencyKey::new(format!("k{key}")).unwrap(),
             next_holder: None,
+            refuse: None,
             lease_ms: 600_000,
         }
         };
@@ -1511,41 +1518,50 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
         next_id: 0,
     };
 
-    // --- one room of `room_size` -------------------------------------------------------------
-    eprintln!("[load] {room_size} clients join room r0 ...");
-    let mut rooms = vec![Room {
-        name: "r0".into(),
-        clients: Vec::new(),
-    }];
-    let t = std::time::Instant::now();
-    assert!(
-        fill_room(&mut g, &mut rooms[0], room_size, &target).await,
-        "clients did not all get live"
-    );
-    let join1_s = t.elapsed().as_secs_f64();
-    eprintln!("[load] joined in {join1_s:.1} s");
     let per_room_1 = 100;
-    let (fan1, cap1) = fanout_runs(&mut rooms[..1], per_room_1, FANOUT_RUNS, room_size).await;
-    eprintln!("[load] failover after explicit leave ...");
-    let leave = failover(&mut g, &mut rooms[0], LEAVE_ROUNDS, false, &target).await;
-    if std::env::var("HOSTLEASE_BENCH_ONLY").is_ok_and(|v| v == "failover") {
-        let mut v = leave.samples.clone();
-        v.sort_by(f64::total_cmp);
-        println!(
-            "failover after an explicit leave, {room_size} clients: p50 {:.1} ms, p99 {:.1} ms",
-            percentile(&v, 0.5),
-            percentile(&v, 0.99)
+    let (mut fan1, mut cap1, mut leave, mut silent, mut join1_s) = (
+        Vec::new(),
+        Vec::new(),
+        Failover::default(),
+        Failover::default(),
+        0.0,
+    );
+    if !only("storm") {
+        // --- one room of `room_size` -------------------------------------------------------------
+        eprintln!("[load] {room_size} clients join room r0 ...");
+        let mut rooms = vec![Room {
+            name: "r0".into(),
+            clients: Vec::new(),
+        }];
+        let t = std::time::Instant::now();
+        assert!(
+            fill_room(&mut g, &mut rooms[0], room_size, &target).await,
+            "clients did not all get live"
         );
-        quit_all(&rooms).await;
-        server.stop();
-        return;
-    }
-    eprintln!("[load] silent loss ...");
-    let silent = failover(&mut g, &mut rooms[0], SILENT_ROUNDS, true, &target).await;
+        join1_s = t.elapsed().as_secs_f64();
+        eprintln!("[load] joined in {join1_s:.1} s");
+        (fan1, cap1) = fanout_runs(&mut rooms[..1], per_room_1, FANOUT_RUNS, room_size).await;
+        eprintln!("[load] failover after explicit leave ...");
+        leave = failover(&mut g, &mut rooms[0], LEAVE_ROUNDS, false, &target).await;
+        if only("failover") {
+            let mut v = leave.samples.clone();
+            v.sort_by(f64::total_cmp);
+            println!(
+                "failover after an explicit leave, {room_size} clients: p50 {:.1} ms, p99 {:.1} ms",
+                percentile(&v, 0.5),
+                percentile(&v, 0.99)
+            );
+            quit_all(&rooms).await;
+            server.stop();
+            return;
+        }
+        eprintln!("[load] silent loss ...");
+        silent = failover(&mut g, &mut rooms[0], SILENT_ROUNDS, true, &target).await;
 
-    // The 1,000-member room is done: its clients go.
-    quit_all(&rooms).await;
-    drop(rooms);
+        // The 1,000-member room is done: its clients go.
+        quit_all(&rooms).await;
+        drop(rooms);
+    }
 
     // --- `clients` clients in rooms of `small` -------------------------------------------------
     let total = n_rooms * small;
@@ -1578,6 +1594,17 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     } else {
         None
     };
+    if only("storm") {
+        if let Some(s) = &storm {
+            println!(
+                "reconnect storm, {total} clients: {} of {} live at 2 s, all after {:.2} s (p50 {:.2} s, p99 {:.2} s), state consistent: {}",
+                s.at_2s, s.total, s.all_live_ms / 1e3, s.p50_ms / 1e3, s.p99_ms / 1e3, s.consistent
+            );
+        }
+        quit_all(&rooms).await;
+        server.stop();
+        return;
+    }
     quit_all(&rooms).await;
     drop(rooms);
     server.stop();

@@ -123,6 +123,9 @@ pub struct CommandReq {
     pub key: IdempotencyKey,
     /// For `host.resign` / `host.transfer`: the next holder (chosen by the caller's election).
     pub next_holder: Option<Option<(ParticipantId, SessionId)>>,
+    /// A refusal the caller decided (a transfer target that is not present); it stands unless
+    /// the idempotency key replays an earlier outcome.
+    pub refuse: Option<RejectCode>,
     pub lease_ms: u64,
 }
 
@@ -455,6 +458,9 @@ async fn command_in_tx(
             },
             false,
         ));
+    }
+    if let Some(code) = req.refuse {
+        return Ok((reject(code), false));
     }
     let Some(row) = row else {
         return Ok((

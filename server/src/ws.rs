@@ -984,6 +984,10 @@ fn queue_command(
             .kind(&action)
             .ok_or(RejectCode::ActionNotGranted)?
     };
+    // A transfer to no one present is refused, but only after the store has looked for an
+    // earlier outcome under this key: a retry of an accepted transfer whose target has left
+    // since gets that outcome again.
+    let mut refuse = None;
     let next_holder = if action.as_str() == ACTION_RESIGN {
         let members = room.members();
         Some(
@@ -993,16 +997,17 @@ fn queue_command(
     } else if action.as_str() == ACTION_TRANSFER {
         let to = payload
             .get_str("to")
-            .and_then(|s| ParticipantId::new(s).ok())
-            .ok_or(RejectCode::BadRequest)?;
+            .and_then(|s| ParticipantId::new(s).ok());
         let members = room.members();
-        let m = elect(
-            members
-                .iter()
-                .filter(|m| m.id == to && m.session != claims.sid),
-        )
-        .ok_or(RejectCode::BadRequest)?;
-        Some(Some((m.id.clone(), m.session.clone())))
+        let m = to.and_then(|to| {
+            elect(
+                members
+                    .iter()
+                    .filter(|m| m.id == to && m.session != claims.sid),
+            )
+        });
+        refuse = m.is_none().then_some(RejectCode::BadRequest);
+        m.map(|m| Some((m.id.clone(), m.session.clone())))
     } else {
         None
     };
@@ -1022,6 +1027,7 @@ fn queue_command(
         epoch,
         key,
         next_holder,
+        refuse,
         lease_ms: app.cfg.lease_ms,
     };
     Ok((app.store.command(req, &app.keys), old_host))

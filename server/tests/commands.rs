@@ -9,6 +9,7 @@ use hostlease::protocol::{
     ServerMsg, SessionId, Token,
 };
 use hostlease_server::tokens::{CapClaims, Keypair, CAP_PREFIX};
+use hostlease_server::Config;
 
 struct Granted {
     epoch: Epoch,
@@ -418,6 +419,61 @@ async fn idempotent_retries_across_ws_and_http() {
     assert_eq!(r.status(), 403);
     let o = cmd(&mut b, "k2", "vote", None, &p).await;
     assert_eq!(o, Outcome::Accepted { seq: seq.next() });
+}
+
+/// A retry of an accepted transfer gets its outcome again after the target has left; a new
+/// transfer to someone absent is refused without an effect.
+#[tokio::test]
+async fn a_transfer_retried_after_its_target_left_replays_its_outcome() {
+    let srv = start(Config {
+        lease_ms: 60_000,
+        ..test_config()
+    })
+    .await;
+    let room = RoomId::new("tr").unwrap();
+    let mut a = srv.raw("tr", "alice", true).await;
+    let g = wait_host(&mut a).await;
+    let mut b = srv.raw("tr", "bob", true).await;
+    participant_token(&mut b).await;
+    let transfer = |k: &str| ClientMsg::Command {
+        id: key(k),
+        action: Action::new("host.transfer").unwrap(),
+        payload: serde_json::json!({"to": "bob"}).into(),
+        epoch: Some(g.epoch),
+        capability: g.host.clone(),
+    };
+    let result = |k: &str| {
+        let want = key(k);
+        move |m: &ServerMsg| match m {
+            ServerMsg::CommandResult { id, outcome } if *id == want => Some(outcome.clone()),
+            _ => None,
+        }
+    };
+    a.send(&transfer("t1")).await;
+    let first = a.until(result("t1")).await;
+    assert!(matches!(first, Outcome::Accepted { .. }), "{first:?}");
+    // Bob leaves; the room comes back to alice (a long lease: nothing lapses meanwhile).
+    b.send(&ClientMsg::Leave).await;
+    a.until(|m| match m {
+        ServerMsg::Assignment(s) => s
+            .assignment
+            .host
+            .as_ref()
+            .is_some_and(|h| h.as_str() == "alice")
+            .then_some(()),
+        _ => None,
+    })
+    .await;
+    let before = srv.app.store.room(&room).await.unwrap().unwrap();
+    a.send(&transfer("t1")).await;
+    assert_eq!(a.until(result("t1")).await, first);
+    a.send(&transfer("t2")).await;
+    assert_eq!(
+        rejected(&a.until(result("t2")).await).0,
+        RejectCode::BadRequest
+    );
+    let after = srv.app.store.room(&room).await.unwrap().unwrap();
+    assert_eq!((after.seq, after.epoch), (before.seq, before.epoch));
 }
 
 #[tokio::test]

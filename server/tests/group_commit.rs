@@ -85,6 +85,7 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
             epoch: Some(Epoch(1)),
             key: IdempotencyKey::new(key).unwrap(),
             next_holder: None,
+            refuse: None,
             lease_ms: LEASE,
         }))
     };
