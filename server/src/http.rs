@@ -584,17 +584,13 @@ async fn admin_close(
         }
     }
     drop(g);
-    hub.state.lock().expect("room lock").closed = true;
-    let frame = hostlease::protocol::codec::encode_server(&hostlease::protocol::ServerMsg::Error {
-        code: hostlease::protocol::ErrorCode::RoomClosed,
-        message: "room closed".into(),
-    });
-    // Let the publisher deliver the closing assignment before the sockets close.
-    tokio::time::sleep(std::time::Duration::from_millis(
-        app.cfg.sweep_ms.min(200) * 2,
-    ))
-    .await;
-    app.direct(&hub, |_| true, || Direct::Close(frame.clone()));
+    // The closing assignment goes out before the sockets close.
+    let seq = match &res {
+        Ok(Some(a)) => a.assignment.seq,
+        _ => hostlease::protocol::Seq::ZERO,
+    };
+    let bound = std::time::Duration::from_millis(app.cfg.sweep_ms.clamp(50, 1000) * 4);
+    app.close_here(&hub, seq, bound).await;
     match res {
         Ok(Some(a)) => json_body(&a),
         _ if closed_without_grant => {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use axum::extract::ws::Utf8Bytes;
 use hostlease::core::elect;
 use hostlease::protocol::{
-    codec::encode_server, Assignment, Epoch, Item, Member, ParticipantId, Reason, RoomId, Seq,
-    ServerMsg, ServerTime, SessionId, SignedAssignment, Snapshot,
+    codec::encode_server, Assignment, Epoch, ErrorCode, Item, Member, ParticipantId, Reason,
+    RoomId, Seq, ServerMsg, ServerTime, SessionId, SignedAssignment, Snapshot,
 };
 use tokio::sync::{broadcast, mpsc, Notify};
 
@@ -522,6 +522,19 @@ impl App {
         }
     }
 
+    /// Closes the room in this process: no one joins any more, and every session gets a
+    /// `room_closed` error and is closed, after the items up to `seq` (the closing assignment,
+    /// if the close made one) have been published to it, or `bound` has passed.
+    pub async fn close_here(&self, hub: &Room, seq: Seq, bound: Duration) {
+        hub.state.lock().expect("room lock").closed = true;
+        hub.wait_published(seq, bound).await;
+        let frame = encode_server(&ServerMsg::Error {
+            code: ErrorCode::RoomClosed,
+            message: "room closed".into(),
+        });
+        self.direct(hub, |_| true, || Direct::Close(frame.clone()));
+    }
+
     /// Sends `msg` to every session of the room (or those matching `filter`).
     pub fn direct(&self, room: &Room, filter: impl Fn(&Member) -> bool, msg: impl Fn() -> Direct) {
         let st = room.state.lock().expect("room lock");
@@ -659,7 +672,12 @@ async fn notifier(app: Arc<App>) {
     }
 }
 
-/// Reassigns lapsed leases (decided on the store clock) and elects in hostless rooms.
+/// How long a room closed elsewhere waits for its closing assignment to be published here
+/// before its sessions are closed.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// Reassigns lapsed leases (decided on the store clock), elects in hostless rooms, and closes
+/// here the rooms another process closed.
 async fn sweeper(app: Arc<App>) {
     let mut ticks: u64 = 0;
     loop {
@@ -680,14 +698,26 @@ async fn sweeper(app: Arc<App>) {
             .filter(|h| !h.state.lock().expect("room lock").closed)
             .map(|h| h.id.clone())
             .collect();
-        let lapsed: HashSet<RoomId> = match app.store.lapsed_rooms(&ids).await {
-            Ok(v) => v.into_iter().collect(),
+        let (lapsed, closed) = match app.store.lapsed_rooms(&ids).await {
+            Ok(s) => (
+                s.lapsed.into_iter().collect::<HashSet<_>>(),
+                s.closed.into_iter().collect::<HashMap<_, _>>(),
+            ),
             Err(e) => {
                 tracing::warn!(error = %e, "lease sweep failed");
                 continue;
             }
         };
         for hub in hubs {
+            if let Some(&seq) = closed.get(&hub.id) {
+                // Closed by another process on this database (this one closes its own rooms
+                // itself): the close reaches the sessions held here too.
+                if !hub.state.lock().expect("room lock").closed {
+                    let app = app.clone();
+                    tokio::spawn(async move { app.close_here(&hub, seq, CLOSE_WAIT).await });
+                }
+                continue;
+            }
             let needs = lapsed.contains(&hub.id) || {
                 let st = hub.state.lock().expect("room lock");
                 st.current.assignment.host.is_none()

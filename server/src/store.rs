@@ -221,9 +221,10 @@ pub trait Store: Send + Sync + 'static {
         limit: i64,
     ) -> StoreResult<Vec<InboxEntry>>;
     /// Of `rooms` (the rooms this process has hubs for), those open with a host whose lease has
-    /// lapsed on the store clock. Only rooms named are looked at, so rooms nobody here serves
-    /// (abandoned ones, or another process's) cannot crowd out the ones that are.
-    async fn lapsed_rooms(&self, rooms: &[RoomId]) -> StoreResult<Vec<RoomId>>;
+    /// lapsed on the store clock, and those closed (by any process) with their `seq`. Only rooms
+    /// named are looked at, so rooms nobody here serves (abandoned ones, or another process's)
+    /// cannot crowd out the ones that are.
+    async fn lapsed_rooms(&self, rooms: &[RoomId]) -> StoreResult<Swept>;
     /// Deletes idempotency records older than the retention and trims each room's log to its
     /// newest `keep` items.
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()>;
@@ -231,6 +232,15 @@ pub trait Store: Send + Sync + 'static {
 
 /// Outbox rows written to the offline inboxes per transaction.
 const NOTIFY_CHUNK: usize = 16;
+
+/// What [`Store::lapsed_rooms`] found.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// Open rooms whose host's lease has lapsed.
+    pub lapsed: Vec<RoomId>,
+    /// Closed rooms, with the seq their log ended at (the closing assignment's, if any).
+    pub closed: Vec<(RoomId, Seq)>,
+}
 
 /// Rooms looked up per query by [`Store::lapsed_rooms`].
 const LAPSED_CHUNK: usize = 500;
@@ -1108,23 +1118,31 @@ impl Store for SqliteStore {
             .collect())
     }
 
-    async fn lapsed_rooms(&self, rooms: &[RoomId]) -> StoreResult<Vec<RoomId>> {
-        let mut lapsed = Vec::new();
+    async fn lapsed_rooms(&self, rooms: &[RoomId]) -> StoreResult<Swept> {
+        let mut swept = Swept::default();
         // A chunk's names are bound parameters (SQLite allows 32 766 per statement).
         for chunk in rooms.chunks(LAPSED_CHUNK) {
             let marks = vec!["?"; chunk.len()].join(",");
             let q = format!(
-                "SELECT room FROM rooms WHERE room IN ({marks}) AND host IS NOT NULL \
-                 AND lease_expires <= {NOW} AND closed = 0"
+                "SELECT room, closed, seq FROM rooms WHERE room IN ({marks}) AND (closed = 1 \
+                 OR (host IS NOT NULL AND lease_expires <= {NOW}))"
             );
-            let mut query = sqlx::query_scalar::<_, String>(&q);
+            let mut query = sqlx::query_as::<_, (String, bool, i64)>(&q);
             for r in chunk {
                 query = query.bind(r.as_str());
             }
-            let rows = query.fetch_all(&self.pool).await?;
-            lapsed.extend(rows.into_iter().filter_map(|r| RoomId::new(r).ok()));
+            for (room, closed, seq) in query.fetch_all(&self.pool).await? {
+                let Ok(room) = RoomId::new(room) else {
+                    continue;
+                };
+                if closed {
+                    swept.closed.push((room, Seq(seq as u64)));
+                } else {
+                    swept.lapsed.push(room);
+                }
+            }
         }
-        Ok(lapsed)
+        Ok(swept)
     }
 
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()> {

@@ -468,6 +468,13 @@ impl Conn {
                         if self.sink.send(Message::Text(f.into())).await.is_ok() { Flow::Continue } else { Flow::End(false) }
                     }
                     Some(Direct::Close(f)) => {
+                        // What was published before the close goes out first (a room's closing
+                        // assignment before its `room_closed`).
+                        while let Some(Some(Ok(b))) = rx.next().now_or_never() {
+                            if let Flow::End(e) = self.on_broadcasts(b, &mut rx).await {
+                                return e;
+                            }
+                        }
                         // An error frame from elsewhere (admin kick or close): counted like the
                         // session's own errors (`close_with`).
                         if let Ok(ServerMsg::Error { code, .. }) = decode_server(&f) {

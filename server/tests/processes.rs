@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use hostlease::protocol::{ClientMsg, Epoch, Item, Role, ServerMsg, SessionId};
+use hostlease::protocol::{ClientMsg, Epoch, ErrorCode, Item, Reason, Role, ServerMsg, SessionId};
 use hostlease_server::tokens::Keypair;
 use sqlx::sqlite::SqliteConnectOptions;
 use std::str::FromStr;
@@ -220,4 +220,68 @@ async fn kill_9_and_restart_keeps_epochs_and_the_log() {
     assert_eq!(e.reason, hostlease::protocol::Reason::LeaseLapsed);
     drop(p2);
     drop(p);
+}
+
+/// An admin close made through one process reaches the sessions another process holds on the
+/// same database: the closing assignment, then `room_closed`, and no new join there. Both ways
+/// of closing are covered: a room with a host (a grant with reason `closed`) and a hostless one
+/// (no grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_closed_through_one_process_closes_on_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = app_key_file(dir.path());
+    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let p1 = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
+    let p2 = spawn_proc(&db, dir.path(), "p2", 60_000, &[]);
+    let mut host = Raw::join(p2.addr, "cl", &join_token(&key, "cl", "alice", true), None).await;
+    // The host capability comes once the first probe is answered.
+    loop {
+        match host.next(WAIT).await.expect("a frame") {
+            ServerMsg::LeaseProbe { nonce, .. } => host.send(&ClientMsg::LeaseEcho { nonce }).await,
+            ServerMsg::Capability {
+                role: Role::Host, ..
+            } => break,
+            _ => {}
+        }
+    }
+    let mut guest = Raw::join(p2.addr, "cl", &join_token(&key, "cl", "bob", false), None).await;
+    let mut lone = Raw::join(
+        p2.addr,
+        "cl2",
+        &join_token(&key, "cl2", "carol", false),
+        None,
+    )
+    .await;
+    for r in [&mut guest, &mut lone] {
+        r.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+            .await;
+    }
+    let http = reqwest::Client::new();
+    for room in ["cl", "cl2"] {
+        let r = http
+            .post(format!("http://{}/v1/admin/rooms/{room}/close", p1.addr))
+            .bearer_auth("admin-secret")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "close {room}");
+    }
+    for r in [&mut host, &mut guest] {
+        assert_eq!(r.until_closed().await, Some(ErrorCode::RoomClosed));
+        let closing = r.seen.iter().position(
+            |m| matches!(m, ServerMsg::Assignment(s) if s.assignment.reason == Reason::Closed),
+        );
+        let error = r.seen.iter().position(
+            |m| matches!(m, ServerMsg::Error { code, .. } if *code == ErrorCode::RoomClosed),
+        );
+        assert!(
+            closing.is_some() && closing < error,
+            "the closing assignment comes before room_closed"
+        );
+    }
+    assert_eq!(lone.until_closed().await, Some(ErrorCode::RoomClosed));
+    for room in ["cl", "cl2"] {
+        let mut late = Raw::join(p2.addr, room, &join_token(&key, room, "dan", true), None).await;
+        assert_eq!(late.until_closed().await, Some(ErrorCode::RoomClosed));
+    }
 }
