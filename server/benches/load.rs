@@ -162,6 +162,11 @@ struct Proc {
 }
 
 impl Proc {
+    /// CPU time (user + system) the process has used so far, in seconds (Linux `/proc`).
+    fn cpu_s(&self) -> f64 {
+        proc_cpu_s(&format!("/proc/{}/stat", self.child.id()))
+    }
+
     fn spawn(mut cmd: Command, log: &Path) -> Proc {
         let logf = std::fs::File::create(log).expect("log file");
         let mut child = cmd
@@ -248,6 +253,21 @@ fn spawn_baseline(dir: &Path) -> Proc {
     let mut cmd = Command::new(std::env::current_exe().expect("own path"));
     cmd.env("HOSTLEASE_BENCH_BASELINE", "1");
     Proc::spawn(cmd, &dir.join("baseline.log"))
+}
+
+/// `utime + stime` of a `/proc/<pid>/stat` file, in seconds (0 when unreadable).
+fn proc_cpu_s(stat: &str) -> f64 {
+    let text = std::fs::read_to_string(stat).unwrap_or_default();
+    // The fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let rest = text.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    // SAFETY: sysconf with a valid name has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks as f64 / hz
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (children inherit it); returns it.
@@ -1190,6 +1210,10 @@ struct Storm {
     mismatched: usize,
     /// Presence frames the clients received until all were live.
     presence_frames: u64,
+    /// CPU seconds used until all were live: by the new server process, and by the load
+    /// generator (the 10,000 clients).
+    server_cpu_s: f64,
+    gen_cpu_s: f64,
 }
 
 /// Restarts the server (SIGTERM, a new process on the same database) and measures, from the
@@ -1215,6 +1239,7 @@ async fn reconnect_storm(
     *server = spawn_server(dir, "server-2", room_size);
     let gen = addr_tx.borrow().0 + 1;
     let presence_before = PRESENCE_FRAMES.load(RELAXED);
+    let (server_cpu0, gen_cpu0) = (server.cpu_s(), proc_cpu_s("/proc/self/stat"));
     let start = ns();
     addr_tx.send_replace((gen, server.addr));
     let live_now = || {
@@ -1231,6 +1256,8 @@ async fn reconnect_storm(
     )
     .await;
     let presence_frames = PRESENCE_FRAMES.load(RELAXED) - presence_before;
+    let server_cpu_s = server.cpu_s() - server_cpu0;
+    let gen_cpu_s = proc_cpu_s("/proc/self/stat") - gen_cpu0;
     let mut lat: Vec<f64> = clients
         .iter()
         .filter(|c| c.sh.live.load(Ordering::Acquire) && c.sh.live_at.load(RELAXED) > start)
@@ -1286,6 +1313,8 @@ async fn reconnect_storm(
         consistent: mismatched == 0,
         mismatched,
         presence_frames,
+        server_cpu_s,
+        gen_cpu_s,
     })
 }
 
@@ -1597,8 +1626,8 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     if only("storm") {
         if let Some(s) = &storm {
             println!(
-                "reconnect storm, {total} clients: {} of {} live at 2 s, all after {:.2} s (p50 {:.2} s, p99 {:.2} s), state consistent: {}",
-                s.at_2s, s.total, s.all_live_ms / 1e3, s.p50_ms / 1e3, s.p99_ms / 1e3, s.consistent
+                "reconnect storm, {total} clients: {} of {} live at 2 s, all after {:.2} s (p50 {:.2} s, p99 {:.2} s), state consistent: {}; CPU: server {:.2} s, load generator {:.2} s",
+                s.at_2s, s.total, s.all_live_ms / 1e3, s.p50_ms / 1e3, s.p99_ms / 1e3, s.consistent, s.server_cpu_s, s.gen_cpu_s
             );
         }
         quit_all(&rooms).await;
@@ -1710,7 +1739,7 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     ));
     match &storm {
         Some(st) => rows.push(format!(
-            "| reconnect storm: {total} clients ({n_rooms} rooms × {small}) reconnect after a server restart and hold the authoritative state | {} of {} live at 2 s; {} after {:.1} s (first {:.2} s, p50 {:.2} s, p99 {:.2} s); {} presence frames received meanwhile; state {} | {} | {} | ≤ 2 s: {} |",
+            "| reconnect storm: {total} clients ({n_rooms} rooms × {small}) reconnect after a server restart and hold the authoritative state | {} of {} live at 2 s; {} after {:.1} s (first {:.2} s, p50 {:.2} s, p99 {:.2} s); {} presence frames received meanwhile; CPU until then: server {:.2} s, load generator {:.2} s; state {} | {} | {} | ≤ 2 s: {} |",
             st.at_2s,
             st.total,
             if st.all { "all live".to_string() } else { format!("only {} live (bound)", st.live_end) },
@@ -1719,6 +1748,8 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
             st.p50_ms / 1e3,
             st.p99_ms / 1e3,
             st.presence_frames,
+            st.server_cpu_s,
+            st.gen_cpu_s,
             if st.consistent { "matches the store for every client".to_string() } else { format!("**{} clients differ from the store**", st.mismatched) },
             if base_connect_s > 0.0 { format!("the same {total} clients connect all at once (WebSocket handshake, no hello, the welcome applied locally): all live after {base_connect_s:.1} s") } else { "—".to_string() },
             if base_connect_s > 0.0 { format!("{:.2}× the baseline's time", st.all_live_ms / 1e3 / base_connect_s) } else { "—".to_string() },
