@@ -451,29 +451,25 @@ async fn admin_kick(
         Ok(h) => h,
         Err(e) => return e,
     };
-    let sessions: Vec<_> = hub
-        .members()
-        .into_iter()
-        .filter(|m| m.id == p)
-        .map(|m| m.session)
-        .collect();
-    // Take the kicked sessions out of the membership first, so the next election skips them.
-    {
-        let mut st = hub.state.lock().expect("room lock");
-        st.members.retain(|m| m.id != p);
-    }
     let frame = hostlease::protocol::codec::encode_server(&hostlease::protocol::ServerMsg::Error {
         code: hostlease::protocol::ErrorCode::Kicked,
         message: "kicked by the app".into(),
     });
-    {
-        let st = hub.state.lock().expect("room lock");
-        for s in &sessions {
-            if let Some(tx) = st.conns.get(s) {
-                let _ = tx.try_send(Direct::Close(frame.clone()));
+    // Take the kicked sessions out of the membership (so the next election skips them) and tell
+    // them, under one lock: a session joining meanwhile is either kicked too or not at all.
+    let sessions: Vec<_> = {
+        let mut st = hub.state.lock().expect("room lock");
+        let (out, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut st.members)
+            .into_iter()
+            .partition(|m| m.id == p);
+        st.members = stay;
+        for m in &out {
+            if let Some(tx) = st.conns.get(&m.session) {
+                crate::rooms::deliver(tx, Direct::Close(frame.clone()));
             }
         }
-    }
+        out.into_iter().map(|m| m.session).collect()
+    };
     for s in &sessions {
         let _ = app
             .replace_host(&hub, s, Reason::Kicked, &correlation_id())
@@ -584,13 +580,19 @@ async fn admin_close(
         }
     }
     drop(g);
-    // The closing assignment goes out before the sockets close.
+    // Once the close is committed, the sessions here are closed after the closing assignment
+    // went out to them, in a task of its own (an admin client that goes away mid-way cannot
+    // leave them open). A close that did not commit leaves the room as it was.
     let seq = match &res {
-        Ok(Some(a)) => a.assignment.seq,
-        _ => hostlease::protocol::Seq::ZERO,
+        Ok(Some(a)) => Some(a.assignment.seq),
+        _ if closed_without_grant => Some(hostlease::protocol::Seq::ZERO),
+        _ => None,
     };
-    let bound = std::time::Duration::from_millis(app.cfg.sweep_ms.clamp(50, 1000) * 4);
-    app.close_here(&hub, seq, bound).await;
+    if let Some(seq) = seq {
+        let bound = std::time::Duration::from_millis(app.cfg.sweep_ms.clamp(50, 1000) * 4);
+        let (app, hub) = (app.clone(), hub.hub().clone());
+        let _ = tokio::spawn(async move { app.close_here(&hub, seq, bound).await }).await;
+    }
     match res {
         Ok(Some(a)) => json_body(&a),
         _ if closed_without_grant => {

@@ -18,6 +18,10 @@ use crate::store::{GrantOutcome, GrantReq, RoomRow, Store, StoreError};
 use crate::tokens::{Keypair, Verifier};
 use crate::Config;
 
+/// Presence changes per frame at most: far below the protocol's member limit per frame, so a
+/// mass reconnect of a big room (all its departures and arrivals in one interval) still decodes.
+pub const PRESENCE_CHUNK: usize = 1024;
+
 /// What a room's broadcast carries: a stream item or a presence change, pre-encoded once. The
 /// frame's bytes are shared by every receiver (a clone is a reference count, not a copy).
 #[derive(Debug, Clone)]
@@ -147,27 +151,36 @@ impl Room {
         self.announce(st, member, false, interval);
     }
 
-    /// Broadcasts what the presence queue holds: one change as a `presence` frame, more as one
-    /// `presence_batch`.
+    /// Broadcasts what the presence queue holds: one change as a `presence` frame, more as
+    /// `presence_batch` frames of at most [`PRESENCE_CHUNK`] changes each (departures first).
     fn send_presence(&self, st: &mut RoomState, now: tokio::time::Instant) {
         let q = &mut st.presence;
-        let (mut joined, mut left) = (std::mem::take(&mut q.joined), std::mem::take(&mut q.left));
-        let msg = match (joined.len(), left.len()) {
-            (0, 0) => return,
-            (1, 0) => ServerMsg::Presence {
-                member: joined.remove(0),
-                online: true,
-            },
-            (0, 1) => ServerMsg::Presence {
-                member: left.remove(0),
-                online: false,
-            },
-            _ => ServerMsg::PresenceBatch { joined, left },
-        };
+        let (joined, left) = (std::mem::take(&mut q.joined), std::mem::take(&mut q.left));
+        if joined.is_empty() && left.is_empty() {
+            return;
+        }
         q.last_sent = Some(now);
-        let _ = self.tx.send(Bcast::Presence {
-            frame: Utf8Bytes::from(encode_server(&msg)),
-        });
+        let mut changes = left
+            .into_iter()
+            .map(|m| (m, false))
+            .chain(joined.into_iter().map(|m| (m, true)))
+            .peekable();
+        while changes.peek().is_some() {
+            let mut chunk: Vec<(Member, bool)> = changes.by_ref().take(PRESENCE_CHUNK).collect();
+            let msg = if chunk.len() == 1 {
+                let (member, online) = chunk.remove(0);
+                ServerMsg::Presence { member, online }
+            } else {
+                let (joined, left): (Vec<_>, Vec<_>) = chunk.into_iter().partition(|c| c.1);
+                ServerMsg::PresenceBatch {
+                    joined: joined.into_iter().map(|c| c.0).collect(),
+                    left: left.into_iter().map(|c| c.0).collect(),
+                }
+            };
+            let _ = self.tx.send(Bcast::Presence {
+                frame: Utf8Bytes::from(encode_server(&msg)),
+            });
+        }
     }
 
     pub fn members(&self) -> Vec<Member> {
@@ -210,6 +223,18 @@ impl Room {
                 return false;
             }
         }
+    }
+}
+
+/// Queues `msg` for one session. A frame is dropped when the session's queue is full (a flood
+/// of signals), but a close never is: it waits for room in a task of its own, which ends when the
+/// session reads it or is gone.
+pub fn deliver(tx: &mpsc::Sender<Direct>, msg: Direct) {
+    if let Err(mpsc::error::TrySendError::Full(m @ Direct::Close(_))) = tx.try_send(msg) {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(m).await;
+        });
     }
 }
 
@@ -540,7 +565,7 @@ impl App {
         let st = room.state.lock().expect("room lock");
         for m in st.members.iter().filter(|m| filter(m)) {
             if let Some(tx) = st.conns.get(&m.session) {
-                let _ = tx.try_send(msg());
+                deliver(tx, msg());
             }
         }
     }
@@ -821,6 +846,46 @@ mod tests {
                 member: m(7),
                 online: false
             }
+        );
+    }
+
+    /// A mass reconnect of a big room within one interval (every member leaves and comes back)
+    /// goes out in frames of at most `PRESENCE_CHUNK` changes, departures first, each within the
+    /// protocol's limits (one frame of all 18,000 would not decode).
+    #[tokio::test(start_paused = true)]
+    async fn a_big_presence_batch_goes_out_in_chunks_that_decode() {
+        let hub = Arc::new(Room::new(RoomId::new("b").unwrap(), genesis("b").into()));
+        let mut rx = hub.tx.subscribe();
+        let interval = Duration::from_millis(100);
+        {
+            let mut st = hub.state.lock().unwrap();
+            hub.announce(&mut st, member(0), true, interval); // goes at once
+            for i in 1..=9000 {
+                hub.announce(&mut st, member(i), false, interval);
+                hub.announce(&mut st, member(100_000 + i), true, interval);
+            }
+        }
+        let _first = rx.try_recv().unwrap();
+        // The batch's frames go out together when the interval ends.
+        let mut next = Some(rx.recv().await.unwrap());
+        let (mut joined, mut left, mut frames) = (Vec::new(), Vec::new(), 0);
+        while let Some(Bcast::Presence { frame }) = next.take().or_else(|| rx.try_recv().ok()) {
+            frames += 1;
+            match hostlease::protocol::decode_server(&frame).expect("each frame decodes") {
+                ServerMsg::PresenceBatch { joined: j, left: l } => {
+                    assert!(j.len() + l.len() <= PRESENCE_CHUNK);
+                    assert!(l.is_empty() || joined.is_empty(), "departures first");
+                    joined.extend(j);
+                    left.extend(l);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(frames, 18_000usize.div_ceil(PRESENCE_CHUNK));
+        assert_eq!(left, (1..=9000).map(member).collect::<Vec<_>>());
+        assert_eq!(
+            joined,
+            (1..=9000).map(|i| member(100_000 + i)).collect::<Vec<_>>()
         );
     }
 

@@ -348,7 +348,7 @@ async fn grant_in_tx(
         "UPDATE rooms SET host = ?, session = ?, epoch = epoch + 1, seq = seq + 1, \
          lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE {NOW} + COALESCE(ttl_ms, ?) END, \
          lease_ms = COALESCE(ttl_ms, ?), closed = closed OR ? \
-         WHERE room = ? AND epoch = ?{lapsed} \
+         WHERE room = ? AND epoch = ? AND (closed = 0 OR ?){lapsed} \
          RETURNING epoch, seq, lease_expires, lease_ms, {NOW} AS now"
     );
     let (host, session) = match &req.holder {
@@ -364,6 +364,8 @@ async fn grant_in_tx(
         .bind(req.close)
         .bind(req.room.as_str())
         .bind(req.expected_epoch.0 as i64)
+        // A closed room is never granted again (only a close may commit on a closed row).
+        .bind(req.close)
         .fetch_optional(&mut *c)
         .await?;
     let Some(row) = row else {

@@ -139,6 +139,36 @@ async fn admin_reassign_kick_and_close() {
     );
 }
 
+/// A grant decided before a room was closed (its row read while the room was open and
+/// hostless) loses the compare-and-swap once the close has committed: the epoch does not move
+/// for a closed room.
+#[tokio::test]
+async fn a_closed_room_is_never_granted_again() {
+    let srv = start(test_config()).await;
+    let room = RoomId::new("closed-cas").unwrap();
+    let store = &srv.app.store;
+    assert!(store.close_hostless(&room, Epoch::ZERO).await.unwrap());
+    for require_lapsed in [true, false] {
+        let req = GrantReq {
+            room: room.clone(),
+            expected_epoch: Epoch::ZERO,
+            holder: Some((
+                hostlease::protocol::ParticipantId::new("late").unwrap(),
+                hostlease::protocol::SessionId::new("s-late").unwrap(),
+            )),
+            lease_ms: 1000,
+            reason: Reason::Elected,
+            require_lapsed,
+            close: false,
+        };
+        let out = store.grant(req, &srv.app.keys).await.unwrap();
+        assert!(matches!(out, GrantOutcome::Lost(_)), "{out:?}");
+    }
+    let row = store.room(&room).await.unwrap().unwrap();
+    assert!(row.closed && row.host.is_none());
+    assert_eq!(row.epoch, Epoch::ZERO);
+}
+
 #[tokio::test]
 async fn racing_grants_have_exactly_one_winner() {
     let srv = start(test_config()).await;
