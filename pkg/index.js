@@ -4,7 +4,7 @@
 // this file owns what is JavaScript's by nature: the init guard, typed listeners, promises,
 // Error classes, join-token refresh, and the WebRTC relay with WebCrypto verification.
 
-import initWasm, { Driver, protocolVersion, assignmentSigningBytes } from "./wasm/hostlease.js";
+import initWasm, { Driver, protocolVersion } from "./wasm/hostlease.js";
 
 // ----- errors ----------------------------------------------------------------------------------
 
@@ -113,11 +113,14 @@ function randomWords() {
 }
 
 function roomUrl(url, room) {
+  // An http(s):// base is dialled as ws(s):// (browsers before 2024 refuse http in WebSocket).
+  url = url.replace(/^http/, "ws");
   if (/\/ws(\?|$)/.test(url)) return url;
   return `${url.replace(/\/+$/, "")}/v1/rooms/${encodeURIComponent(room)}/ws`;
 }
 
-/** The HTTP origin of a ws(s):// or http(s):// URL; anything else is a `BadArgument`. */
+/** The HTTP base of a ws(s):// or http(s):// URL (its origin and any path prefix, without a
+ * room's `/v1/rooms/{room}/ws`); anything else is a `BadArgument`. */
 function httpBase(url) {
   let u;
   try {
@@ -126,7 +129,7 @@ function httpBase(url) {
   const scheme = { "ws:": "http:", "wss:": "https:", "http:": "http:", "https:": "https:" }[u?.protocol];
   if (!scheme) throw new UsageError(ErrorCode.BadArgument, "`url` must be an absolute ws(s):// or http(s):// URL");
   u.protocol = scheme;
-  return u.origin;
+  return u.origin + u.pathname.replace(/(\/v1\/rooms\/[^/]*\/ws)?\/*$/, "");
 }
 
 /** `value` as JSON text (`undefined` is `null`); `fail()` is thrown for what JSON cannot hold. */
@@ -141,24 +144,23 @@ function toJson(value, fail) {
 
 /**
  * GET with retries: exponential backoff with full jitter (250 ms doubling, capped at 8 s), never
- * sooner than a 429/503 `Retry-After`. Gives up after `attempts`.
+ * sooner than a 429/503 `Retry-After` (honoured up to a minute). Each attempt is given 10 s.
+ * Gives up after `attempts`.
  */
 async function fetchWithRetry(url, init = {}, attempts = 5) {
-  let last;
-  for (let attempt = 0; attempt < attempts; attempt++) {
-    let wait = Math.random() * Math.min(8_000, 250 * 2 ** attempt);
+  for (let attempt = 1; ; attempt++) {
+    let wait = Math.random() * Math.min(8_000, 125 * 2 ** attempt);
     try {
-      const res = await fetch(url, init);
+      const res = await fetch(url, { ...init, signal: AbortSignal.timeout(10_000) });
       if (res.status !== 429 && res.status !== 503) return res;
-      last = new Error(`HTTP ${res.status}`);
+      if (attempt >= attempts) throw new Error(`HTTP ${res.status}`);
       const after = Number(res.headers.get("retry-after"));
-      if (Number.isFinite(after)) wait = Math.max(wait, after * 1000);
+      if (after > 0) wait = Math.max(wait, Math.min(after, 60) * 1000);
     } catch (e) {
-      last = e;
+      if (attempt >= attempts) throw e;
     }
     await new Promise((r) => setTimeout(r, wait));
   }
-  throw last;
 }
 
 /** A protocol counter (seq, epoch, cursor, time): a non-negative safe integer. */
@@ -185,7 +187,8 @@ function inboxPage(body) {
  * Resolves with `{ entries: [{ cursor, item }], next }`; `next` is a cursor to pass as `since`
  * when more is left (at most 16 pages of 256 are read per call), else `null`.
  */
-export async function fetchInbox({ url, room, token, since = 0 } = {}) {
+export async function fetchInbox(options) {
+  const { url, room, token, since = 0 } = options ?? {};
   if (typeof url !== "string" || typeof room !== "string" || typeof token !== "string") {
     throw new UsageError(ErrorCode.BadArgument, "fetchInbox() needs { url, room, token }");
   }
@@ -222,6 +225,8 @@ export async function fetchInbox({ url, room, token, since = 0 } = {}) {
 
 const RELAY_TAG = "hostlease.relay";
 const TOKEN_REFRESH_EARLY_MS = 30_000;
+/** How long `getToken()` may take before the attempt counts as failed (and is retried). */
+const TOKEN_WAIT_MS = 10_000;
 
 // A room event frame as the server writes it, and the Rust codec's checks of its fields' types
 // and ranges (src/protocol: counters are u64, here safe integers; identifiers 1-128 of
@@ -232,6 +237,15 @@ const EVENT_HEAD = '{"v":1,"t":"event",';
 const EVENT_MAX = (4 << 20) / 3;
 const ID = /^[\w.:@-]{1,128}$/;
 const id = (s) => typeof s === "string" && ID.test(s);
+/** The bytes the server signs for an assignment (README, "Signed assignments"): its fields, each
+ * checked as the codec would so that no two assignments share them, or `null`. */
+const signingBytes = (a) =>
+  id(a.room) && (a.host == null && a.session == null || id(a.host) && id(a.session))
+    && typeof a.reason === "string" && /^[a-z_]{1,32}$/.test(a.reason)
+    && [a.epoch, a.seq, a.lease_ms, a.issued_at].every(count)
+    ? new TextEncoder().encode(["hostlease/v1/assignment", a.room, a.host ?? "", a.session ?? "",
+      a.epoch, a.seq, a.lease_ms, a.reason, a.issued_at].join("\n"))
+    : null;
 const isEvent = (m) =>
   m?.v === 1 && m.t === "event" && count(m.seq) && count(m.epoch) && count(m.at) && id(m.actor) && id(m.action);
 
@@ -258,17 +272,23 @@ export async function connect(options) {
     room.close();
     throw refused;
   }
-  await room._dial();
+  const failed = await room._dial();
+  if (failed) {
+    room.close();
+    throw failed;
+  }
   return room;
 }
 
 export class Room {
+  #token = null; // { token, expiresAt? }: private, so that logging the room never shows it
+
   constructor(options) {
     this.room = options.room;
     this._url = roomUrl(options.url, options.room);
     this._keysUrl = options.keysUrl ?? `${httpBase(this._url)}/v1/keys`;
     this._getToken = options.getToken ?? (() => options.token);
-    this._tokenCache = null; // { token, expiresAt? }
+    this._static = !options.getToken; // a token that cannot be renewed
     this._refreshTimer = null;
     this._listeners = new Map(); // type → listeners (an array, replaced on change)
     this._pending = new Map(); // idempotency key → { resolve, reject }
@@ -335,6 +355,9 @@ export class Room {
 
   /** Relays presence and server-signed assignments over `channel` (an RTCDataChannel). */
   attachPeer(peerId, channel) {
+    if (typeof peerId !== "string" || typeof channel?.addEventListener !== "function") {
+      throw new UsageError(ErrorCode.BadArgument, "attachPeer() needs a peer id and an RTCDataChannel");
+    }
     this.detachPeer(peerId);
     const onOpen = () => {
       this._driver.peerSeen(peerId);
@@ -370,7 +393,8 @@ export class Room {
   }
 
   /** Reads this participant's durable inbox (see `fetchInbox`) with the room's join token. */
-  async inbox({ since = 0 } = {}) {
+  async inbox(options) {
+    const since = options?.since ?? 0;
     for (let attempt = 0; ; attempt++) {
       const token = await this._token();
       if (token === null) throw new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token");
@@ -378,7 +402,7 @@ export class Room {
         return await fetchInbox({ url: this._url, room: this.room, token, since });
       } catch (e) {
         if (e.code !== ErrorCode.Unauthorized || attempt > 0) throw e;
-        this._tokenCache = null; // refused: ask the app for a fresh token, once
+        this.#token = null; // refused: ask the app for a fresh token, once
       }
     }
   }
@@ -401,7 +425,7 @@ export class Room {
   // ----- internals -----------------------------------------------------------------------------
 
   async _token() {
-    const t = this._tokenCache;
+    const t = this.#token;
     if (t && (t.expiresAt === undefined || t.expiresAt - Date.now() > TOKEN_REFRESH_EARLY_MS)) return t.token;
     return this._refreshToken();
   }
@@ -409,19 +433,22 @@ export class Room {
   /** A fresh token from the app, or `null` after reporting why not (to `fail`, by default the
    * `error` listeners). */
   async _refreshToken(fail = (e) => this._emit("error", e)) {
-    let got;
+    let got, timer;
     try {
-      got = await this._getToken();
+      // An app backend that never answers must not leave the room waiting for ever.
+      got = await Promise.race([this._getToken(), new Promise((_, no) => (timer = setTimeout(no, TOKEN_WAIT_MS, Error("timed out"))))]);
     } catch (e) {
       fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() failed", { cause: e }));
       return null;
+    } finally {
+      clearTimeout(timer);
     }
     const t = typeof got === "string" ? { token: got } : got;
-    if (!t || typeof t.token !== "string") {
-      fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token"));
+    if (!t || typeof t.token !== "string" || (t.expiresAt !== undefined && !(t.expiresAt > 1e12))) {
+      fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token (or expiresAt not in ms)"));
       return null;
     }
-    this._tokenCache = t;
+    this.#token = t;
     clearTimeout(this._refreshTimer);
     const left = t.expiresAt - Date.now();
     if (Number.isFinite(left) && !this._closed) {
@@ -444,7 +471,9 @@ export class Room {
     try {
       this._driver.connect(token);
     } catch (e) {
-      this._emit("error", new ConnectionError(ErrorCode.Unavailable, "the WebSocket could not be opened", { cause: e }));
+      const err = new ConnectionError(ErrorCode.Unavailable, "the WebSocket could not be opened", { cause: e });
+      this._emit("error", err);
+      return err;
     }
   }
 
@@ -478,7 +507,9 @@ export class Room {
     } catch {
       return;
     }
-    for (const e of events) this._dispatch(e);
+    // Once a listener closed the room, the rest of the step is dropped, except command
+    // outcomes (each settles a promise).
+    for (const e of events) if (!this._closed || e.type.startsWith("command")) this._dispatch(e);
   }
 
   _dispatch(e) {
@@ -536,9 +567,14 @@ export class Room {
         this._emit("signal", { from: e.from, fromSession: e.from_session, data: e.data });
         break;
       case "error": {
-        if (e.code === ErrorCode.Unauthorized) this._tokenCache = null; // fetch a fresh one next time
         const Cls = e.code === ErrorCode.ProtocolViolation ? ProtocolError : ConnectionError;
         this._emit("error", new Cls(e.code, e.message));
+        if (e.code === ErrorCode.Unauthorized) {
+          // A fresh token next time; a fixed `token` the server refuses never gets better: the
+          // room closes (queued commands fail `Closed`) instead of knocking for ever.
+          this.#token = null;
+          if (this._static) this.close();
+        }
         break;
       }
       case "token_needed":
@@ -582,15 +618,15 @@ export class Room {
         }
         return keys;
       })();
-      this._keys.catch(() => {
-        this._keys = null; // retry on the next relay
-      });
+      // After a failure, relays wait a minute before the keys are fetched again (a peer cannot
+      // make every relay cost a request).
+      this._keys.catch(() => setTimeout(() => (this._keys = null), 60_000));
     }
     return this._keys;
   }
 
   async _onRelay(peerId, signed) {
-    const report = (accepted, reason) => this._emit("relay", { peer: peerId, epoch: signed?.epoch, accepted, reason });
+    const report = (accepted, reason) => this._emit("relay", { peer: peerId, epoch: count(signed?.epoch) ? signed.epoch : undefined, accepted, reason });
     if (!signed || signed.room !== this.room || typeof signed.sig !== "string" || typeof signed.kid !== "string") {
       this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment was unsigned or for another room"));
       return report(false, "unsigned");
@@ -606,7 +642,7 @@ export class Room {
       return report(false, "unsupported");
     }
     const key = keys.get(signed.kid);
-    const bytes = assignmentSigningBytes(JSON.stringify(signed));
+    const bytes = signingBytes(signed);
     let ok = false;
     if (key && bytes) {
       try {
@@ -619,6 +655,7 @@ export class Room {
       this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment failed signature verification"));
       return report(false, "forged");
     }
+    if (this._closed) return;
     const adopted = this._driver.peerAssignment(JSON.stringify(signed));
     report(adopted, adopted ? "adopted" : "stale");
   }

@@ -165,6 +165,10 @@ test("a forged relayed assignment is dropped; every error is an Error with a cod
   const forged = { ...signed, host: "bob", session: (await b.view()).session, epoch: signed.epoch + 1 };
   await b.page.evaluate((f) => window.T.relay("alice", f), forged);
   await until("forged relay reported", async () => (await b.log()).some((e) => e.type === "relay" && e.payload.reason === "forged"));
+  // The genuine assignment verifies (the wrapper's signed bytes are the server's) and, as bob
+  // already holds its epoch, is reported stale rather than forged.
+  await b.page.evaluate((s) => window.T.relay("alice", s), signed);
+  await until("genuine relay verified", async () => (await b.log()).some((e) => e.type === "relay" && e.payload.reason === "stale"));
   const vb = await b.view();
   assert.equal(vb.host, "alice");
   assert.equal(vb.epoch, signed.epoch);
@@ -297,4 +301,29 @@ test("a kicked member's page closes and stays out; closing the room closes every
   await until("alice's page closed", async () => (await a.view()).phase === "closed");
   assert.ok((await errors(a)).includes("room_closed"), JSON.stringify(await errors(a)));
   await closeAll(a, b);
+});
+
+test("a fixed join token the server refuses closes the room: its queued vote fails Closed and it does not dial again", async () => {
+  const room = newRoom();
+  const ctx = await browser.newContext();
+  const page = await ctx.newPage();
+  const proxy = new FaultProxy(srv.port);
+  const port = await proxy.listen();
+  const m = { pid: "mallory", page, proxy, ctx };
+  opened.add(m);
+  await page.goto(`http://127.0.0.1:${statics.port}/`);
+  await page.waitForFunction(() => window.T?.ready);
+  // A token the app minted for another room: the server refuses it at hello.
+  const token = await srv.mintToken(`${room}-other`, "mallory");
+  await page.evaluate((o) => window.T.start(o), { url: `ws://127.0.0.1:${port}`, room, token, webrtc: false });
+  const vote = page.evaluate(() => window.T.command("vote", { option: 1 }));
+  await until("the page closed", async () => (await page.evaluate(() => window.T.view())).phase === "closed");
+  assert.equal((await vote).err?.code, "Closed");
+  const log = await page.evaluate(() => window.T.log);
+  assert.ok(log.some((e) => e.type === "error" && e.error.code === "unauthorized"), JSON.stringify(log));
+  const dialed = proxy.accepted;
+  // Longer than the supervisor's first reconnect delays: a page that would knock again has by now.
+  await new Promise((r) => setTimeout(r, 3_000));
+  assert.equal(proxy.accepted, dialed, "the page dialled again with the refused token");
+  await closeAll(m);
 });

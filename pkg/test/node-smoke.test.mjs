@@ -6,6 +6,23 @@ import { readFile } from "node:fs/promises";
 
 const hl = await import("hostlease");
 
+// Node 20 has no WebSocket: rooms made here dial this stand-in, which never opens (the tests
+// below are about the wrapper, not the network; the browser tests use real sockets).
+class NeverOpens {
+  static throwing = null; // set to an Error to make the constructor throw it
+  constructor(url) {
+    if (NeverOpens.throwing) throw NeverOpens.throwing;
+    NeverOpens.last = url;
+    this.url = url;
+    this.readyState = 0;
+  }
+  send() {}
+  close() {
+    this.readyState = 3;
+  }
+}
+globalThis.WebSocket ??= NeverOpens;
+
 test("the package imports in Node without a browser", () => {
   for (const name of ["init", "connect", "fetchInbox", "version", "HostleaseError", "UsageError", "CommandError", "ErrorCode"]) {
     assert.ok(name in hl, `missing export ${name}`);
@@ -156,6 +173,13 @@ test("fetchInbox pages through the inbox and rejects bad answers with typed erro
     assert.equal(seen[0].path, "/v1/rooms/r%201/inbox");
     assert.deepEqual(seen.map((s) => s.search), ["?since=0", "?since=2", "?since=2"]);
 
+    // A server behind a path prefix: the inbox is read under it.
+    seen.length = 0;
+    answer = () => [200, {}, JSON.stringify({ entries: [] })];
+    await hl.fetchInbox({ url: `${url}/hostlease/`, room: "r", token: "t" });
+    await hl.fetchInbox({ url: `${url}/hostlease/v1/rooms/r/ws`, room: "r", token: "t" });
+    assert.deepEqual(seen.map((s) => s.path), ["/hostlease/v1/rooms/r/inbox", "/hostlease/v1/rooms/r/inbox"]);
+
     const rejects = async (body, status, code, Cls) => {
       answer = () => [status, {}, body];
       await assert.rejects(hl.fetchInbox({ url, room: "r", token: "t" }), (e) => e instanceof Cls && e.code === code);
@@ -173,5 +197,40 @@ test("fetchInbox pages through the inbox and rejects bad answers with typed erro
     }
   } finally {
     server.close();
+  }
+});
+
+test("connect() fails for a socket that cannot be opened, a getToken that never answers, and an expiresAt in seconds", async () => {
+  const wsUnsupported = new SyntaxError("The URL's scheme must be either 'ws' or 'wss'");
+  NeverOpens.throwing = wsUnsupported;
+  try {
+    await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" }),
+      (e) => e instanceof hl.ConnectionError && e.code === "Unavailable" && e.cause === wsUnsupported);
+  } finally {
+    NeverOpens.throwing = null;
+  }
+  let asked = 0;
+  await assert.rejects(within(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => (asked++, new Promise(() => {})) }), 30_000, "connect"),
+    (e) => e instanceof hl.ConnectionError && e.code === "TokenUnavailable");
+  assert.equal(asked, 1);
+  await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => ({ token: "t", expiresAt: Date.now() / 1000 + 3600 }) }),
+    (e) => e instanceof hl.ConnectionError && e.code === "TokenUnavailable");
+});
+
+test("the join token is not on the room for a logger to print; bad arguments are typed errors", async () => {
+  const { inspect } = await import("node:util");
+  const room = await hl.connect({ url: "http://127.0.0.1:9", room: "r", token: "secret-join-token" });
+  try {
+    assert.equal(NeverOpens.last, "ws://127.0.0.1:9/v1/rooms/r/ws", "an http URL is dialled as ws");
+    assert.ok(!inspect(room, { depth: 5, showHidden: true }).includes("secret-join-token"));
+    assert.ok(!JSON.stringify(room, (k, v) => (typeof v === "bigint" ? String(v) : v)).includes("secret-join-token"));
+    for (const [peer, channel] of [["p", null], ["p", {}], [7, { addEventListener() {} }]]) {
+      assert.throws(() => room.attachPeer(peer, channel), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
+    }
+  } finally {
+    room.close();
+  }
+  for (const bad of [null, undefined, 5]) {
+    await assert.rejects(hl.fetchInbox(bad), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
   }
 });

@@ -38,15 +38,6 @@ pub fn protocol_version() -> u32 {
     protocol::PROTOCOL_VERSION
 }
 
-/// The exact bytes the server signs for an assignment (for WebCrypto verification of relays).
-/// `json` is an assignment (signed or not); returns `undefined` when it is not one.
-#[wasm_bindgen(js_name = assignmentSigningBytes)]
-pub fn assignment_signing_bytes(json: &str) -> Option<Vec<u8>> {
-    let a: SignedAssignment = codec::decode_body(json, codec::MAX_CLIENT_FRAME).ok()?;
-    codec::validate_assignment(&a.assignment).ok()?;
-    Some(codec::signing_bytes(&a.assignment))
-}
-
 /// A wall-clock jump beyond the monotonic clock larger than this means the page slept or froze.
 const SLEEP_THRESHOLD_MS: f64 = 2_000.0;
 
@@ -797,9 +788,9 @@ impl Driver {
             .is_some_and(|sock| sock.ws.send_with_str(text).is_ok())
     }
 
-    /// Benchmark and test hook: the core is told a connection opened (no socket is involved).
-    #[wasm_bindgen(js_name = simulateConnected)]
-    pub fn simulate_connected(&self) {
+    /// Test hook: the core is told a connection opened (no socket is involved).
+    #[cfg(test)]
+    fn simulate_connected(&self) {
         step(&self.inner, |s, _| {
             let now = s.now();
             s.view.handle_connected(now, Token::new("simulated"));
@@ -902,18 +893,6 @@ mod tests {
         let a = c.now();
         let b = c.now();
         assert!(b >= a);
-    }
-
-    #[wasm_bindgen_test]
-    fn signing_bytes_from_json() {
-        let json = r#"{"room":"r","host":"a","session":"s","epoch":2,"seq":3,"lease_ms":10,"reason":"elected","issued_at":5}"#;
-        let bytes = assignment_signing_bytes(json).unwrap();
-        assert_eq!(
-            bytes,
-            b"hostlease/v1/assignment\nr\na\ns\n2\n3\n10\nelected\n5"
-        );
-        assert!(assignment_signing_bytes("{}").is_none());
-        assert!(assignment_signing_bytes(r#"{"room":"r","host":"a","session":null,"epoch":2,"seq":3,"lease_ms":10,"reason":"elected","issued_at":5}"#).is_none());
     }
 
     fn noop() -> js_sys::Function {
