@@ -42,10 +42,6 @@ pub struct Config {
     /// goes out at once, the ones that follow within the interval go out together at its end
     /// (0: a frame per change). A burst of n joins then costs each member a few frames, not n.
     pub presence_ms: u64,
-    /// Presence frame deliveries per room per second at most (0: no bound): a room of n
-    /// members gets a presence frame every `max(presence_ms, n / presence_budget)` at most, so
-    /// that presence traffic grows with a room's size and not with its square.
-    pub presence_budget: u64,
     /// How long one write to a WebSocket client may take (a client that stops reading blocks
     /// writes once the socket's buffers are full); past it the session ends.
     pub write_timeout_ms: u64,
@@ -79,7 +75,6 @@ impl Default for Config {
             participant_token_ms: 600_000,
             sweep_ms: 100,
             presence_ms: 100,
-            presence_budget: 500,
             write_timeout_ms: 10_000,
             log_keep: 10_000,
             admin_key: None,
@@ -88,16 +83,6 @@ impl Default for Config {
             dev: false,
             www: None,
         }
-    }
-}
-
-impl Config {
-    /// The presence interval of a room of `members` (see [`Config::presence_budget`]).
-    pub fn presence_interval(&self, members: usize) -> std::time::Duration {
-        let by_budget = (members as u64 * 1000)
-            .checked_div(self.presence_budget)
-            .unwrap_or(0);
-        std::time::Duration::from_millis(self.presence_ms.max(by_budget))
     }
 }
 
@@ -143,26 +128,4 @@ pub async fn serve(
         t.abort();
     }
     res
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Config;
-    use std::time::Duration;
-
-    #[test]
-    fn presence_interval_grows_with_the_room_past_the_budget() {
-        let cfg = Config::default(); // 100 ms, 500 deliveries per room per second
-        let ms = |n| cfg.presence_interval(n).as_millis();
-        assert_eq!((ms(0), ms(10), ms(50)), (100, 100, 100));
-        assert_eq!((ms(100), ms(1000)), (200, 2000));
-        let unbounded = Config {
-            presence_budget: 0,
-            ..Config::default()
-        };
-        assert_eq!(
-            unbounded.presence_interval(1000),
-            Duration::from_millis(100)
-        );
-    }
 }

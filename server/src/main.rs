@@ -102,10 +102,6 @@ struct ServeArgs {
     /// out together; 0: one frame per change).
     #[arg(long, env = "HOSTLEASE_PRESENCE_MS", default_value_t = 100)]
     presence_ms: u64,
-    /// Presence frame deliveries per room per second at most (0: no bound): a room of n members
-    /// hears of presence changes every max(--presence-ms, n / this) at most.
-    #[arg(long, env = "HOSTLEASE_PRESENCE_BUDGET", default_value_t = 500)]
-    presence_budget: u64,
     /// Host-only actions (comma-separated).
     #[arg(
         long,
@@ -266,7 +262,6 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             http_burst: a.http_rate * 2.0,
             sweep_ms: a.sweep_ms,
             presence_ms: a.presence_ms,
-            presence_budget: a.presence_budget,
             admin_key: a.admin_key,
             webhook_url: a.webhook_url,
             webhook_secret: a.webhook_secret,

@@ -272,6 +272,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         }
     };
     let session = random_session();
+    let presence_interval = Duration::from_millis(app.cfg.presence_ms);
     let (dtx, drx) = mpsc::channel::<Direct>(256);
     // The subscription point: join, snapshot and subscribe under one lock, so that nothing
     // published falls between the snapshot and the stream.
@@ -294,8 +295,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             st.conns.insert(session.clone(), dtx);
             let snapshot = app.snapshot_locked(&room, &st, None);
             let rx = room.tx.subscribe();
-            let interval = app.cfg.presence_interval(st.members.len());
-            room.announce(&mut st, member.clone(), true, interval);
+            room.announce(&mut st, member.clone(), true, presence_interval);
             Ok((member, snapshot, rx))
         }
     };
@@ -359,11 +359,10 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     }
     {
         let mut st = room.state.lock().expect("room lock");
-        let interval = app.cfg.presence_interval(st.members.len() + 1);
         if granted {
-            room.announce_after_grant(&mut st, member, interval);
+            room.announce_after_grant(&mut st, member, presence_interval);
         } else {
-            room.announce(&mut st, member, false, interval);
+            room.announce(&mut st, member, false, presence_interval);
         }
     }
     // `room` (the held hub) is released here, as on every earlier return.
