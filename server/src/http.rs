@@ -26,7 +26,7 @@ use hostlease::protocol::{
 use serde::Deserialize;
 use tower_http::cors::{Any, CorsLayer};
 
-use crate::rooms::{correlation_id, App, Direct};
+use crate::rooms::{correlation_id, App};
 use crate::store::GrantReq;
 use crate::tokens::{JoinClaims, JOIN_PREFIX};
 
@@ -451,34 +451,15 @@ async fn admin_kick(
         Ok(h) => h,
         Err(e) => return e,
     };
-    let frame = hostlease::protocol::codec::encode_server(&hostlease::protocol::ServerMsg::Error {
-        code: hostlease::protocol::ErrorCode::Kicked,
-        message: "kicked by the app".into(),
-    });
-    // Take the kicked sessions out of the membership (so the next election skips them) and tell
-    // them, under one lock: a session joining meanwhile is either kicked too or not at all.
-    let sessions: Vec<_> = {
-        let mut st = hub.state.lock().expect("room lock");
-        let (out, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut st.members)
-            .into_iter()
-            .partition(|m| m.id == p);
-        st.members = stay;
-        for m in &out {
-            if let Some(tx) = st.conns.get(&m.session) {
-                crate::rooms::deliver(tx, Direct::Close(frame.clone()));
-            }
-        }
-        out.into_iter().map(|m| m.session).collect()
-    };
-    for s in &sessions {
-        let _ = app
-            .replace_host(&hub, s, Reason::Kicked, &correlation_id())
-            .await;
+    // Recorded first: the other processes on the database kick the sessions they hold.
+    if app.store.record_kick(&hub.id, &p).await.is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "could not kick").into_response();
     }
+    let kicked = app.kick_here(hub.hub(), &p, &correlation_id()).await;
     drop(hub);
     (
         StatusCode::OK,
-        Json(serde_json::json!({"kicked": sessions.len()})),
+        Json(serde_json::json!({ "kicked": kicked })),
     )
         .into_response()
 }

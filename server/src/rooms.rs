@@ -560,6 +560,36 @@ impl App {
         self.direct(hub, |_| true, || Direct::Close(frame.clone()));
     }
 
+    /// Kicks `p` from the room in this process: its sessions leave the membership (so the next
+    /// election skips them) and are told `kicked` and closed, under one lock (a session joining
+    /// meanwhile is either kicked too or not at all); then a kicked host is replaced at once.
+    /// Returns how many sessions were kicked here.
+    pub async fn kick_here(&self, hub: &Arc<Room>, p: &ParticipantId, correlation: &str) -> usize {
+        let frame = encode_server(&ServerMsg::Error {
+            code: ErrorCode::Kicked,
+            message: "kicked by the app".into(),
+        });
+        let sessions: Vec<SessionId> = {
+            let mut st = hub.state.lock().expect("room lock");
+            let (out, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut st.members)
+                .into_iter()
+                .partition(|m| &m.id == p);
+            st.members = stay;
+            for m in &out {
+                if let Some(tx) = st.conns.get(&m.session) {
+                    deliver(tx, Direct::Close(frame.clone()));
+                }
+            }
+            out.into_iter().map(|m| m.session).collect()
+        };
+        for s in &sessions {
+            if let Err(e) = self.replace_host(hub, s, Reason::Kicked, correlation).await {
+                tracing::warn!(error = %e, "replace host after a kick failed");
+            }
+        }
+        sessions.len()
+    }
+
     /// Sends `msg` to every session of the room (or those matching `filter`).
     pub fn direct(&self, room: &Room, filter: impl Fn(&Member) -> bool, msg: impl Fn() -> Direct) {
         let st = room.state.lock().expect("room lock");
@@ -705,6 +735,16 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// here the rooms another process closed.
 async fn sweeper(app: Arc<App>) {
     let mut ticks: u64 = 0;
+    // Kicks recorded before this process started concern no session of its own.
+    let mut last_kick = loop {
+        match app.store.kicks_max_id().await {
+            Ok(v) => break v,
+            Err(e) => {
+                tracing::warn!(error = %e, "kick read failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    };
     loop {
         tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 5000))).await;
         ticks += 1;
@@ -723,6 +763,23 @@ async fn sweeper(app: Arc<App>) {
             .filter(|h| !h.state.lock().expect("room lock").closed)
             .map(|h| h.id.clone())
             .collect();
+        // Kicks made through any process (this one's own have already been applied here, and
+        // find no session again).
+        match app.store.kicks_after(last_kick, 1000).await {
+            Ok(kicks) => {
+                for (id, room, p) in kicks {
+                    last_kick = id;
+                    let hub = app.rooms.lock().expect("rooms lock").get(&room).cloned();
+                    if let Some(hub) = hub {
+                        let app = app.clone();
+                        tokio::spawn(
+                            async move { app.kick_here(&hub, &p, &correlation_id()).await },
+                        );
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "kick read failed"),
+        }
         let (lapsed, closed) = match app.store.lapsed_rooms(&ids).await {
             Ok(s) => (
                 s.lapsed.into_iter().collect::<HashSet<_>>(),

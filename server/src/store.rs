@@ -225,8 +225,18 @@ pub trait Store: Send + Sync + 'static {
     /// named are looked at, so rooms nobody here serves (abandoned ones, or another process's)
     /// cannot crowd out the ones that are.
     async fn lapsed_rooms(&self, rooms: &[RoomId]) -> StoreResult<Swept>;
-    /// Deletes idempotency records older than the retention and trims each room's log to its
-    /// newest `keep` items.
+    /// Records an admin kick (every process applies it to the sessions it holds); returns its id.
+    async fn record_kick(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<i64>;
+    /// Kicks with an id above `after`, oldest first, at most `limit`: `(id, room, participant)`.
+    async fn kicks_after(
+        &self,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<(i64, RoomId, ParticipantId)>>;
+    /// The newest kick's id (0: none).
+    async fn kicks_max_id(&self) -> StoreResult<i64>;
+    /// Deletes idempotency records older than the retention, kicks older than an hour, and trims
+    /// each room's log to its newest `keep` items.
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()>;
 }
 
@@ -1147,7 +1157,45 @@ impl Store for SqliteStore {
         Ok(swept)
     }
 
+    async fn record_kick(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<i64> {
+        let q = format!(
+            "INSERT INTO kicks (room, participant, created_at) VALUES (?, ?, {NOW}) RETURNING id"
+        );
+        Ok(sqlx::query_scalar(&q)
+            .bind(room.as_str())
+            .bind(p.as_str())
+            .fetch_one(&self.writer)
+            .await?)
+    }
+
+    async fn kicks_after(
+        &self,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<(i64, RoomId, ParticipantId)>> {
+        let rows: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT id, room, participant FROM kicks WHERE id > ? ORDER BY id LIMIT ?",
+        )
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(id, r, p)| Some((id, RoomId::new(r).ok()?, ParticipantId::new(p).ok()?)))
+            .collect())
+    }
+
+    async fn kicks_max_id(&self) -> StoreResult<i64> {
+        let v: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM kicks")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(v.unwrap_or(0))
+    }
+
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()> {
+        let q = format!("DELETE FROM kicks WHERE created_at < {NOW} - 3600000");
+        sqlx::query(&q).execute(&self.writer).await?;
         let q = format!("DELETE FROM idempotency WHERE created_at < {NOW} - ?");
         sqlx::query(&q)
             .bind(IDEMPOTENCY_RETENTION_MS)

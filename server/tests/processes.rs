@@ -285,3 +285,52 @@ async fn a_room_closed_through_one_process_closes_on_the_other() {
         assert_eq!(late.until_closed().await, Some(ErrorCode::RoomClosed));
     }
 }
+
+/// An admin kick made through one process reaches the member's sessions on another process on
+/// the same database: they get `kicked` and close, and a kicked host is replaced there at once
+/// (reason `kicked`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kick_through_one_process_reaches_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = app_key_file(dir.path());
+    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let p1 = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
+    let p2 = spawn_proc(&db, dir.path(), "p2", 60_000, &[]);
+    let mut host = Raw::join(p2.addr, "kk", &join_token(&key, "kk", "alice", true), None).await;
+    loop {
+        match host.next(WAIT).await.expect("a frame") {
+            ServerMsg::LeaseProbe { nonce, .. } => host.send(&ClientMsg::LeaseEcho { nonce }).await,
+            ServerMsg::Capability {
+                role: Role::Host, ..
+            } => break,
+            _ => {}
+        }
+    }
+    let mut other = Raw::join(p2.addr, "kk", &join_token(&key, "kk", "bob", true), None).await;
+    other
+        .until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+        .await;
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/admin/rooms/kk/kick", p1.addr))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"participant": "alice"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // None of alice's sessions is held by p1; p2 kicks them on its next sweep.
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap(),
+        serde_json::json!({"kicked": 0})
+    );
+    assert_eq!(host.until_closed().await, Some(ErrorCode::Kicked));
+    let a = other
+        .until(|m| match m {
+            ServerMsg::Assignment(s) if s.assignment.reason == Reason::Kicked => {
+                Some(s.assignment.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(a.host.as_ref().map(|h| h.as_str()), Some("bob"));
+}

@@ -407,7 +407,7 @@ async fn migrations_apply_to_an_empty_database() {
         .fetch_one(s.pool())
         .await
         .unwrap();
-    assert_eq!(n, 3);
+    assert_eq!(n, 4);
     let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
         .fetch_one(s.pool())
         .await
@@ -427,7 +427,7 @@ async fn migrations_apply_to_an_empty_database() {
         .fetch_one(s.pool())
         .await
         .unwrap();
-    assert_eq!(n, 3);
+    assert_eq!(n, 4);
 }
 
 #[tokio::test]
