@@ -507,9 +507,7 @@ export class Room {
     } catch {
       return;
     }
-    // Once a listener closed the room, the rest of the step is dropped, except command
-    // outcomes (each settles a promise).
-    for (const e of events) if (!this._closed || e.type.startsWith("command")) this._dispatch(e);
+    for (const e of events) this._dispatch(e);
   }
 
   _dispatch(e) {

@@ -84,6 +84,16 @@ test("a command's promise settles even when a listener closes the room while it 
   await assert.rejects(room.command("vote", { option: 2 }), (e) => e.code === "Closed");
 });
 
+test("close() is announced to the connection listeners, and pending commands fail Closed", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const phases = [];
+  room.on("connection", ({ phase }) => phases.push(phase));
+  const vote = room.command("vote", { option: 1 });
+  room.close();
+  assert.ok(phases.includes("closed"), JSON.stringify(phases));
+  await assert.rejects(within(vote, 5_000, "the vote"), (e) => e.code === "Closed");
+});
+
 test("a token that lives for weeks is not fetched again and again", async () => {
   let calls = 0;
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
