@@ -136,12 +136,14 @@ export interface EventMap {
 export type TokenResult = string | { token: string; expiresAt?: number };
 
 export interface ConnectOptions {
-  /** The server's WebSocket base URL (`wss://host`), or the room's full `/ws` URL. */
+  /** The server's base URL (`wss://host`, or `https://host`, dialled as `wss://`; a path prefix
+   * is kept), or the room's full `/ws` URL. */
   url: string;
   room: string;
-  /** A join token from your backend. */
+  /** A join token from your backend. If the server refuses it, the room closes. */
   token?: string;
-  /** Called for a join token before each connection and ahead of `expiresAt`. */
+  /** Called for a join token before each connection and ahead of `expiresAt`; an answer that
+   * takes longer than 10 s counts as failed (`TokenUnavailable`) and is asked again later. */
   getToken?: () => TokenResult | Promise<TokenResult>;
   /** Where the server's public keys are (default: `<server>/v1/keys`). */
   keysUrl?: string;
@@ -167,6 +169,8 @@ export declare class Room {
   close(): void;
 }
 
+/** Rejects with `BadArgument` (bad options or URL), `TokenUnavailable` (no first token) or
+ * `Unavailable` (the WebSocket could not be opened). */
 export declare function connect(options: ConnectOptions): Promise<Room>;
 
 /** One stream item: an assignment (signed by the server) or a room event. */
