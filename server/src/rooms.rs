@@ -2,6 +2,7 @@
 //! background tasks: the outbox publisher, the durable notifier and the lease sweeper.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -640,19 +641,27 @@ pub fn spawn_background(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>> {
     v
 }
 
+/// A background task's starting point: the newest id of a table, read until the store answers.
+async fn newest_id<F: Future<Output = Result<i64, StoreError>>>(
+    what: &str,
+    read: impl Fn() -> F,
+) -> i64 {
+    loop {
+        match read().await {
+            Ok(v) => return v,
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} read failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
 /// Tails the outbox (commit order) and publishes every item to this process's subscribers. Every
 /// process tails the same table, so clients of any process on the same database see every commit.
 /// Publishing happens only after commit, by construction.
 async fn publisher(app: Arc<App>) {
-    let mut last = loop {
-        match app.store.outbox_max_id().await {
-            Ok(v) => break v,
-            Err(e) => {
-                tracing::warn!(error = %e, "outbox read failed");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    };
+    let mut last = newest_id("outbox", || app.store.outbox_max_id()).await;
     let poll = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000));
     loop {
         let _ = tokio::time::timeout(poll, app.committed.notified()).await;
@@ -736,15 +745,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 async fn sweeper(app: Arc<App>) {
     let mut ticks: u64 = 0;
     // Kicks recorded before this process started concern no session of its own.
-    let mut last_kick = loop {
-        match app.store.kicks_max_id().await {
-            Ok(v) => break v,
-            Err(e) => {
-                tracing::warn!(error = %e, "kick read failed");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    };
+    let mut last_kick = newest_id("kick", || app.store.kicks_max_id()).await;
     loop {
         tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 5000))).await;
         ticks += 1;

@@ -839,6 +839,14 @@ impl SqliteStore {
         &self.pool
     }
 
+    /// The newest id of `table` (one of this module's tables with an `id` key), 0 when empty.
+    async fn max_id(&self, table: &'static str) -> StoreResult<i64> {
+        let v: Option<i64> = sqlx::query_scalar(&format!("SELECT MAX(id) FROM {table}"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(v.unwrap_or(0))
+    }
+
     /// Transactions committed so far for commands and lease renewals (each carries a group of
     /// them; see [`GroupCommit`]).
     pub fn group_commits(&self) -> u64 {
@@ -970,10 +978,7 @@ impl Store for SqliteStore {
     }
 
     async fn outbox_max_id(&self) -> StoreResult<i64> {
-        let v: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM outbox")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(v.unwrap_or(0))
+        self.max_id("outbox").await
     }
 
     async fn unnotified(&self, limit: i64) -> StoreResult<Vec<(i64, RoomId, String)>> {
@@ -1187,10 +1192,7 @@ impl Store for SqliteStore {
     }
 
     async fn kicks_max_id(&self) -> StoreResult<i64> {
-        let v: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM kicks")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(v.unwrap_or(0))
+        self.max_id("kicks").await
     }
 
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()> {

@@ -222,28 +222,26 @@ async fn kill_9_and_restart_keeps_epochs_and_the_log() {
     drop(p);
 }
 
+/// Two server processes on one fresh SQLite file, with long leases (nothing lapses in a test),
+/// and the app key their join tokens are signed with. Keep the directory until the end.
+fn two_processes() -> (tempfile::TempDir, Keypair, Proc, Proc) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = app_key_file(dir.path());
+    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let p1 = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
+    let p2 = spawn_proc(&db, dir.path(), "p2", 60_000, &[]);
+    (dir, key, p1, p2)
+}
+
 /// An admin close made through one process reaches the sessions another process holds on the
 /// same database: the closing assignment, then `room_closed`, and no new join there. Both ways
 /// of closing are covered: a room with a host (a grant with reason `closed`) and a hostless one
 /// (no grant).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_room_closed_through_one_process_closes_on_the_other() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = app_key_file(dir.path());
-    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
-    let p1 = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
-    let p2 = spawn_proc(&db, dir.path(), "p2", 60_000, &[]);
+    let (_dir, key, p1, p2) = two_processes();
     let mut host = Raw::join(p2.addr, "cl", &join_token(&key, "cl", "alice", true), None).await;
-    // The host capability comes once the first probe is answered.
-    loop {
-        match host.next(WAIT).await.expect("a frame") {
-            ServerMsg::LeaseProbe { nonce, .. } => host.send(&ClientMsg::LeaseEcho { nonce }).await,
-            ServerMsg::Capability {
-                role: Role::Host, ..
-            } => break,
-            _ => {}
-        }
-    }
+    host.until_host().await;
     let mut guest = Raw::join(p2.addr, "cl", &join_token(&key, "cl", "bob", false), None).await;
     let mut lone = Raw::join(
         p2.addr,
@@ -291,21 +289,9 @@ async fn a_room_closed_through_one_process_closes_on_the_other() {
 /// (reason `kicked`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kick_through_one_process_reaches_the_other() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = app_key_file(dir.path());
-    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
-    let p1 = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
-    let p2 = spawn_proc(&db, dir.path(), "p2", 60_000, &[]);
+    let (_dir, key, p1, p2) = two_processes();
     let mut host = Raw::join(p2.addr, "kk", &join_token(&key, "kk", "alice", true), None).await;
-    loop {
-        match host.next(WAIT).await.expect("a frame") {
-            ServerMsg::LeaseProbe { nonce, .. } => host.send(&ClientMsg::LeaseEcho { nonce }).await,
-            ServerMsg::Capability {
-                role: Role::Host, ..
-            } => break,
-            _ => {}
-        }
-    }
+    host.until_host().await;
     let mut other = Raw::join(p2.addr, "kk", &join_token(&key, "kk", "bob", true), None).await;
     other
         .until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))

@@ -181,6 +181,27 @@ impl Raw {
         }
     }
 
+    /// Answers lease probes until a host capability arrives (the server grants host authority
+    /// once the first probe is answered).
+    pub async fn until_host(&mut self) {
+        loop {
+            match self
+                .next(WAIT)
+                .await
+                .expect("a frame before the host capability")
+            {
+                ServerMsg::LeaseProbe { nonce, .. } => {
+                    self.send(&ClientMsg::LeaseEcho { nonce }).await
+                }
+                ServerMsg::Capability {
+                    role: hostlease::protocol::Role::Host,
+                    ..
+                } => return,
+                _ => {}
+            }
+        }
+    }
+
     /// Reads until the connection closes; returns the error code of the last error frame.
     pub async fn until_closed(&mut self) -> Option<hostlease::protocol::ErrorCode> {
         let mut code = None;
