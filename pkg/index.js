@@ -396,8 +396,10 @@ export class Room {
   async inbox(options) {
     const since = options?.since ?? 0;
     for (let attempt = 0; ; attempt++) {
-      const token = await this._token();
-      if (token === null) throw new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token");
+      // Why there is no token is this promise's error, not also an `error` event.
+      let why;
+      const token = await this._token((e) => (why = e));
+      if (token === null) throw why;
       try {
         return await fetchInbox({ url: this._url, room: this.room, token, since });
       } catch (e) {
@@ -424,10 +426,10 @@ export class Room {
 
   // ----- internals -----------------------------------------------------------------------------
 
-  async _token() {
+  async _token(fail) {
     const t = this.#token;
     if (t && (t.expiresAt === undefined || t.expiresAt - Date.now() > TOKEN_REFRESH_EARLY_MS)) return t.token;
-    return this._refreshToken();
+    return this._refreshToken(fail);
   }
 
   /** A fresh token from the app, or `null` after reporting why not (to `fail`, by default the

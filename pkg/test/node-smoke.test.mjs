@@ -106,6 +106,27 @@ test("a token that lives for weeks is not fetched again and again", async () => 
   }
 });
 
+test("inbox() without a token rejects with why, and does not also report it to the error listeners", async () => {
+  const down = new Error("backend down");
+  let calls = 0;
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
+    getToken: () => { if (calls++) throw down; return { token: "t", expiresAt: Date.now() + 60_000 }; } });
+  const errors = [];
+  room.on("error", (e) => errors.push(e.code));
+  const realNow = Date.now;
+  try {
+    // 40 s later the token is within its refresh margin: inbox() asks for a fresh one, which fails.
+    // (All of inbox() runs in microtasks: no timer of the room runs while the clock is moved.)
+    Date.now = () => realNow() + 40_000;
+    await assert.rejects(room.inbox(), (e) => e instanceof hl.ConnectionError && e.code === "TokenUnavailable" && e.cause === down);
+    assert.equal(calls, 2);
+    assert.deepEqual(errors, []);
+  } finally {
+    Date.now = realNow;
+    room.close();
+  }
+});
+
 test("a closed room the app lets go of is garbage-collected", { skip: !globalThis.gc && "needs node --expose-gc" }, async () => {
   let collected = false;
   const registry = new FinalizationRegistry(() => (collected = true));

@@ -91,4 +91,4 @@ impl fmt::Display for CommandError {
     }
 }
 
-impl std::error::Error for CommandError {}
+impl core::error::Error for CommandError {}

@@ -11,7 +11,8 @@
 //! for `poll_timeout` and call [`HostView::handle_timeout`] when it fires. Extra `handle_timeout`
 //! calls are harmless.
 
-use std::collections::VecDeque;
+use crate::prelude::*;
+use alloc::collections::VecDeque;
 
 use crate::protocol::Json;
 

@@ -4,6 +4,7 @@
 //! messages are fixed strings: a decoder's error never echoes the input, so a token inside a
 //! malformed frame cannot leak into a log line through an error message.
 
+use crate::prelude::*;
 use core::fmt;
 
 use super::ids::MAX_TOKEN_LEN;
@@ -82,7 +83,7 @@ impl fmt::Display for DecodeError {
     }
 }
 
-impl std::error::Error for DecodeError {}
+impl core::error::Error for DecodeError {}
 
 fn malformed(text: &str, e: SyntaxError) -> DecodeError {
     let (line, column) = line_column(text, e.0);

@@ -3,6 +3,7 @@
 //! Identifiers are validated when they are decoded (bounded length, a conservative alphabet), so
 //! nothing downstream has to wonder whether a room name can contain a newline or be a megabyte.
 
+use crate::prelude::*;
 use core::fmt;
 
 /// The longest identifier accepted on the wire, in bytes.
@@ -37,7 +38,7 @@ impl fmt::Display for IdError {
     }
 }
 
-impl std::error::Error for IdError {}
+impl core::error::Error for IdError {}
 
 fn validate_id(s: &str) -> Result<(), IdError> {
     if s.is_empty() {

@@ -11,8 +11,9 @@
 //!
 //! Error positions are byte offsets, turned into a line and column only when reported.
 
-use std::borrow::Cow;
-use std::fmt;
+use crate::prelude::*;
+use alloc::borrow::Cow;
+use core::fmt;
 
 /// Deepest nesting of arrays and objects accepted anywhere (serde_json's default is 128 too).
 pub const MAX_DEPTH: u32 = 128;

@@ -6,6 +6,7 @@
 //! hand, for both directions and both ends).
 
 use super::json::Json;
+use crate::prelude::*;
 
 use super::ids::{
     Action, Epoch, IdempotencyKey, KeyId, ParticipantId, RoomId, Seq, ServerTime, SessionId, Token,

@@ -16,7 +16,8 @@
 //! - Fieldless enums are their snake_case name; a name this SDK does not know reads as the
 //!   enum's `Unknown` where it has one, and is an error otherwise.
 
-use std::borrow::Cow;
+use crate::prelude::*;
+use alloc::borrow::Cow;
 
 use super::ids::{
     Action, Epoch, IdempotencyKey, KeyId, ParticipantId, RoomId, Seq, ServerTime, SessionId, Token,

@@ -12,8 +12,9 @@
 //! driver never calls an app listener: the JS wrapper fans events out, so a listener that throws
 //! cannot break the SDK.
 
-use std::cell::RefCell;
-use std::rc::{Rc, Weak};
+use crate::prelude::*;
+use alloc::rc::{Rc, Weak};
+use core::cell::RefCell;
 
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
@@ -25,6 +26,14 @@ use crate::protocol::{
     self, codec, Action, Assignment, Epoch, IdempotencyKey, Json, ParticipantId, RoomEvent, Seq,
     SessionId, SignedAssignment, Token,
 };
+
+// Without std (the bundle), a panic traps at once, as it did with std and `panic = "abort"`, but
+// without formatting a message first that nothing on wasm32-unknown-unknown could print.
+#[cfg(feature = "bundle")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    core::arch::wasm32::unreachable()
+}
 
 // The browser build allocates with talc: smaller in the bundle than the default dlmalloc, and
 // faster. The page is single-threaded (no `atomics`), which its cell relies on.
@@ -83,7 +92,7 @@ impl Clock {
 
     /// Whether a sleep was seen since this was last asked (by any reading).
     fn take_slept(&mut self) -> bool {
-        std::mem::take(&mut self.slept)
+        core::mem::take(&mut self.slept)
     }
 
     /// Elapsed time is the larger of the monotonic and the wall-clock deltas.
@@ -587,7 +596,7 @@ fn finish_step(rc: &Rc<RefCell<State>>, weak: &Weak<RefCell<State>>) {
             return;
         }
         s.out.close_array();
-        let events = std::mem::take(&mut s.out).finish();
+        let events = core::mem::take(&mut s.out).finish();
         (s.emit.clone(), events)
     };
     // A throwing `emit` is the wrapper's bug, not the driver's: the state is already consistent.
@@ -811,7 +820,7 @@ impl Driver {
     #[wasm_bindgen(js_name = eventSeq)]
     pub fn event_seq(&self, seq: f64) -> bool {
         // Anything but a safe integer is refused (the wrapper checks; this is the backstop).
-        if !(0.0..=9_007_199_254_740_991.0).contains(&seq) || seq.fract() != 0.0 {
+        if !(0.0..=9_007_199_254_740_991.0).contains(&seq) || seq != (seq as u64) as f64 {
             return false;
         }
         // Not a whole step: the core needs no clock reading for an event, and taking one in
@@ -973,7 +982,7 @@ mod tests {
     #[wasm_bindgen_test]
     fn an_event_told_by_its_seq_is_applied_only_in_order() {
         let (emit, seen) = collector();
-        let take = || std::mem::take(&mut *seen.borrow_mut());
+        let take = || core::mem::take(&mut *seen.borrow_mut());
         let events = |got: &[serde_json::Value]| -> Vec<u64> {
             got.iter()
                 .filter(|e| e["type"] == "event")

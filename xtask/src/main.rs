@@ -334,7 +334,7 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     ensure_wasm_target()?;
     tools::ensure(root)?;
     run(
-        "cargo build --profile wasm --target wasm32-unknown-unknown",
+        "cargo build --profile wasm --features bundle --target wasm32-unknown-unknown",
         cargo().current_dir(root).args([
             "build",
             "-p",
@@ -342,6 +342,8 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
             "--lib",
             "--profile",
             "wasm",
+            "--features",
+            "bundle",
             "--target",
             "wasm32-unknown-unknown",
         ]),
