@@ -509,7 +509,11 @@ export class Room {
     } catch {
       return;
     }
-    for (const e of events) this._dispatch(e);
+    // A listener may close the room part-way through: the rest of this step is then dropped, but
+    // for the outcome of a command still pending. (close()'s own step, which announces `closed`
+    // and fails the pending commands, starts closed and is delivered whole.)
+    const open = !this._closed;
+    for (const e of events) if (!open || !this._closed || this._pending.has(e.id)) this._dispatch(e);
   }
 
   _dispatch(e) {

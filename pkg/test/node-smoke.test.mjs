@@ -94,6 +94,17 @@ test("close() is announced to the connection listeners, and pending commands fai
   await assert.rejects(within(vote, 5_000, "the vote"), (e) => e.code === "Closed");
 });
 
+test("a listener that closes the room sees nothing more of that step after connection: closed", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const seen = [];
+  for (const type of ["connection", "provisional", "discontinuity", "lease"]) room.on(type, () => seen.push(type));
+  room.on("provisional", () => room.close());
+  // One step's events as the driver hands them over (the wrapper's fan-out is what is tested).
+  room._onEvents(JSON.stringify([{ type: "provisional", coordinator: null }, { type: "discontinuity", from: 1, to: 2 },
+    { type: "lease", state: "unknown" }]));
+  assert.deepEqual(seen, ["provisional", "connection"]);
+});
+
 test("a token that lives for weeks is not fetched again and again", async () => {
   let calls = 0;
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
