@@ -28,6 +28,8 @@ const PREAMBLE = `// Not in the quick start: what its last line assumes the app 
 const pc = new RTCPeerConnection();
 const peerId = "peer-of-" + new URLSearchParams(location.search).get("as");
 `;
+/** Not in the quick start either: the room, for the test to read its view. */
+const POSTAMBLE = "window.room = room;\n";
 const INDEX_HTML = `<!doctype html>
 <html><head><meta charset="utf-8"><title>quick start</title></head>
 <body><button id="openPoll">Open a poll</button><script type="module" src="/main.js"></script></body>
@@ -53,7 +55,7 @@ before(async () => {
   await run("npm", ["install", "--offline", "--no-audit", "--no-fund", "--no-package-lock", `./${tarball}`], { cwd: app });
   const code = await quickStart();
   assert.ok(code.includes(PLACEHOLDER_URL), `the quick start connects to ${PLACEHOLDER_URL}`);
-  await writeFile(join(app, "main.js"), PREAMBLE + code.replace(PLACEHOLDER_URL, 'location.origin.replace(/^http/, "ws")'));
+  await writeFile(join(app, "main.js"), PREAMBLE + code.replace(PLACEHOLDER_URL, 'location.origin.replace(/^http/, "ws")') + POSTAMBLE);
   await writeFile(join(app, "index.html"), INDEX_HTML);
   await run(join(ROOT, ".tools/node/node_modules/.bin/vite"), ["build", "--logLevel", "warn"], { cwd: app });
   const assets = await readdir(join(app, "dist/assets"));
@@ -126,6 +128,9 @@ test("the README's quick start in a fresh Vite app: a host, its poll, and a new 
   assert.ok(next.epoch > first.epoch, `epoch ${next.epoch} after ${first.epoch}`);
   // The closing tab's WebSocket closed cleanly: the server takes that as leaving.
   assert.equal(next.reason, "left");
+  // His host commands work once his lease is confirmed, one probe round trip after the `host`
+  // event (README: "amHost"); a click before that fails `LeaseExpired`.
+  await until("bob may act as host", () => bob.page.evaluate(() => window.room.view.amHost));
   await bob.page.click("#openPoll");
   await until("bob's poll in the room log", async () => (await roomSeq()) === 6);
   assert.deepEqual(ada.alerts, []);
