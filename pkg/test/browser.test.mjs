@@ -230,6 +230,35 @@ test("a reconnect resyncs: events made while cut off are applied once, in order"
   await closeAll(a, b);
 });
 
+test("a page shown again, or a network change, marks the lease unknown and resyncs; a page going hidden does not", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await amHost(a);
+  // The hooks run inside dispatchEvent, so the view has changed (or not) when it returns.
+  const hiddenThenShown = await a.page.evaluate(() => {
+    Object.defineProperty(document, "hidden", { configurable: true, get: () => true });
+    document.dispatchEvent(new Event("visibilitychange"));
+    const hidden = window.T.view();
+    delete document.hidden; // the real getter again: this headless page is visible
+    document.dispatchEvent(new Event("visibilitychange"));
+    const shown = window.T.view();
+    return [hidden.lease, hidden.phase, shown.lease, shown.phase, shown.amHost];
+  });
+  assert.deepEqual(hiddenThenShown, ["held", "live", "unknown", "resyncing", false]);
+  for (const [target, type] of [["window", "pageshow"], ["window", "offline"], ["window", "online"]]) {
+    // The resync answers and a lease probe confirms the lease again before the next one.
+    await amHost(a);
+    const after = await a.page.evaluate(([target, type]) => {
+      (target === "window" ? window : document).dispatchEvent(new Event(type));
+      const v = window.T.view();
+      return [v.lease, v.phase];
+    }, [target, type]);
+    assert.deepEqual(after, ["unknown", "resyncing"], type);
+  }
+  await amHost(a);
+  await closeAll(a);
+});
+
 test("the join token is refreshed before it expires, without dropping the connection", async () => {
   const room = newRoom();
   // Expiring in 35 s: the wrapper refreshes 30 s ahead, so after about 5 s.

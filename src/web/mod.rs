@@ -18,7 +18,7 @@ use core::cell::RefCell;
 
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
-use web_sys::{CloseEvent, Event as DomEvent, WebSocket};
+use web_sys::WebSocket;
 
 use crate::core::{Backoff, CommandError, Config, Event, HostView, Instant, Phase, SplitMix64};
 use crate::protocol::json::{ToJson, Writer};
@@ -40,6 +40,18 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 #[cfg(not(target_feature = "atomics"))]
 #[global_allocator]
 static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
+
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(thread_local_v2, js_name = window)]
+    static WINDOW: Option<web_sys::Window>;
+}
+
+/// The page's `window`; `None` in a worker or in Node. One accessor, where `web_sys::window()`
+/// tries four globals and then an `instanceof` (about 400 bytes of the bundle).
+fn dom_window() -> Option<web_sys::Window> {
+    WINDOW.with(Option::clone)
+}
 
 /// The major wire-protocol version this build speaks.
 #[wasm_bindgen(js_name = protocolVersion)]
@@ -66,7 +78,7 @@ struct Clock {
 
 impl Clock {
     fn new() -> Self {
-        let performance = web_sys::window().and_then(|w| w.performance());
+        let performance = dom_window().and_then(|w| w.performance());
         let last_perf = performance
             .as_ref()
             .map_or_else(js_sys::Date::now, |p| p.now());
@@ -108,16 +120,17 @@ impl Clock {
     }
 }
 
-type Handler<T> = Closure<dyn FnMut(T)>;
+/// Every DOM callback of the driver: none reads its event, so all share one closure shim.
+type Handler = Closure<dyn FnMut()>;
 
 /// A page lifecycle listener, kept to be removed on `close`.
-type Listener = (web_sys::EventTarget, &'static str, Handler<DomEvent>);
+type Listener = (web_sys::EventTarget, &'static str, Handler);
 
 /// The closures attached to one WebSocket; dropped (detached) when the socket is replaced.
 struct Socket {
     ws: WebSocket,
-    _open: Handler<DomEvent>,
-    _close: Handler<CloseEvent>,
+    _open: Handler,
+    _close: Handler,
 }
 
 impl Socket {
@@ -146,7 +159,7 @@ struct State {
     timer: Option<i32>,
     /// The instant `timer` is armed for.
     timer_at: Option<Instant>,
-    timer_cb: Option<Closure<dyn FnMut()>>,
+    timer_cb: Option<Handler>,
     reconnect: Backoff,
     attempt: u32,
     reconnect_at: Option<Instant>,
@@ -413,8 +426,8 @@ impl State {
         if next == self.timer_at && (next.is_none() || self.timer.is_some()) {
             return;
         }
-        // Only now: `window()` is two calls into JS, and most steps leave the timer alone.
-        let Some(window) = web_sys::window() else {
+        // Only now: `dom_window()` is a call into JS, and most steps leave the timer alone.
+        let Some(window) = dom_window() else {
             return;
         };
         if let Some(t) = self.timer.take() {
@@ -426,7 +439,7 @@ impl State {
         let delay = next.ms_since(now).min(i32::MAX as u64) as i32;
         let cb = self.timer_cb.get_or_insert_with(|| {
             let weak = weak.clone();
-            Closure::<dyn FnMut()>::new(move || {
+            Handler::new(move || {
                 if let Some(rc) = weak.upgrade() {
                     step(&rc, |s, _| {
                         s.timer = None;
@@ -485,7 +498,7 @@ impl State {
         self.retire_socket();
         let ws = WebSocket::new(&self.url)?;
         let w = weak.clone();
-        let open = Closure::<dyn FnMut(DomEvent)>::new(move |_: DomEvent| {
+        let open = Handler::new(move || {
             if let Some(rc) = w.upgrade() {
                 step(&rc, |s, _| {
                     let now = s.now();
@@ -496,7 +509,7 @@ impl State {
         });
         ws.set_onmessage(Some(&self.on_message));
         let w = weak.clone();
-        let close = Closure::<dyn FnMut(CloseEvent)>::new(move |_: CloseEvent| {
+        let close = Handler::new(move || {
             if let Some(rc) = w.upgrade() {
                 step(&rc, |s, w| s.drop_socket(w));
             }
@@ -526,7 +539,7 @@ impl State {
     }
 
     fn hook_lifecycle(&mut self, weak: &Weak<RefCell<State>>) {
-        let Some(window) = web_sys::window() else {
+        let Some(window) = dom_window() else {
             return;
         };
         let targets: Vec<(web_sys::EventTarget, &'static str)> = {
@@ -542,30 +555,26 @@ impl State {
         };
         for (target, name) in targets {
             let w = weak.clone();
-            let cb = Closure::<dyn FnMut(DomEvent)>::new(move |e: DomEvent| {
+            let cb = Handler::new(move || {
                 let Some(rc) = w.upgrade() else { return };
-                let visible = web_sys::window()
-                    .and_then(|w| w.document())
-                    .is_none_or(|d| d.visibility_state() == web_sys::VisibilityState::Visible);
-                let kind = e.type_();
-                step(&rc, |s, w| {
+                // Becoming hidden changes nothing yet; coming back (and `pageshow`, `online`,
+                // `offline`) means timers were throttled or frozen: the lease cannot be trusted.
+                if name == "visibilitychange"
+                    && dom_window()
+                        .and_then(|w| w.document())
+                        .is_some_and(|d| d.hidden())
+                {
+                    return;
+                }
+                step(&rc, |s, _| {
                     let now = s.now();
-                    match kind.as_str() {
-                        // Timers were throttled or frozen: the lease cannot be trusted.
-                        "visibilitychange" if !visible => return,
-                        "pageshow" | "visibilitychange" | "offline" => s.view.handle_wake(now),
-                        "online" => {
-                            s.view.handle_wake(now);
-                            if s.reconnect_at.is_some() {
-                                // The network is back: reconnect now rather than at the backoff
-                                // (only a wait for one: a dial already asked for is under way).
-                                s.attempt = 0;
-                                s.reconnect_at = Some(now);
-                            }
-                        }
-                        _ => {}
+                    s.view.handle_wake(now);
+                    if name == "online" && s.reconnect_at.is_some() {
+                        // The network is back: reconnect now rather than at the backoff (only a
+                        // wait for one: a dial already asked for is under way).
+                        s.attempt = 0;
+                        s.reconnect_at = Some(now);
                     }
-                    let _ = w;
                 });
             });
             if target
@@ -958,7 +967,7 @@ mod tests {
         // dial beside it.
         let window = web_sys::window().unwrap();
         window
-            .dispatch_event(&DomEvent::new("online").unwrap())
+            .dispatch_event(&web_sys::Event::new("online").unwrap())
             .unwrap();
         sleep(300).await;
         let asked = seen
