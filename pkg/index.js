@@ -509,18 +509,19 @@ export class Room {
     } catch {
       return;
     }
-    // A listener may close the room part-way through: the rest of this step is then dropped, but
-    // for the outcome of a command still pending. (close()'s own step, which announces `closed`
-    // and fails the pending commands, starts closed and is delivered whole.)
-    const open = !this._closed;
-    for (const e of events) if (!open || !this._closed || this._pending.has(e.id)) this._dispatch(e);
+    // Nothing follows `connection: closed` (a listener may close the room part-way through a
+    // step, whose close() announces it first) but the outcome of a command still pending.
+    for (const e of events) if (!this._ended || this._pending.has(e.id)) this._dispatch(e);
   }
 
   _dispatch(e) {
     switch (e.type) {
       case "connection":
         // Closed by the server (kicked, room closed): stop refreshing tokens and relaying too.
-        if (e.phase === "closed") this.close();
+        if (e.phase === "closed") {
+          this._ended = true;
+          this.close();
+        }
         this._emit("connection", { phase: e.phase });
         break;
       case "host": {

@@ -400,14 +400,6 @@ impl Model {
             return;
         }
         self.lease_expires = now + self.ttl;
-        self.send(
-            sid,
-            ServerMsg::LeaseConfirm {
-                nonce,
-                epoch: self.epoch,
-                remaining_ms: self.ttl,
-            },
-        );
         let claims = Claims {
             sub: self.current.host.clone().unwrap(),
             sid: sid.clone(),
@@ -430,6 +422,15 @@ impl Model {
                 epoch: Some(self.epoch),
                 actions,
                 expires_in_ms: self.ttl,
+            },
+        );
+        // The token before the confirm, as the real server sends them.
+        self.send(
+            sid,
+            ServerMsg::LeaseConfirm {
+                nonce,
+                epoch: self.epoch,
+                remaining_ms: self.ttl,
             },
         );
     }

@@ -237,9 +237,12 @@ test("a page shown again, or a network change, marks the lease unknown and resyn
   // The hooks run inside dispatchEvent, so the view has changed (or not) when it returns.
   const hiddenThenShown = await a.page.evaluate(() => {
     Object.defineProperty(document, "hidden", { configurable: true, get: () => true });
+    Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
     document.dispatchEvent(new Event("visibilitychange"));
     const hidden = window.T.view();
-    delete document.hidden; // the real getter again: this headless page is visible
+    // The real getters again: this headless page is visible.
+    delete document.hidden;
+    delete document.visibilityState;
     document.dispatchEvent(new Event("visibilitychange"));
     const shown = window.T.view();
     return [hidden.lease, hidden.phase, shown.lease, shown.phase, shown.amHost];

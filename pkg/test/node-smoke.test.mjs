@@ -13,6 +13,7 @@ class NeverOpens {
   constructor(url) {
     if (NeverOpens.throwing) throw NeverOpens.throwing;
     NeverOpens.last = url;
+    NeverOpens.instance = this;
     this.url = url;
     this.readyState = 0;
   }
@@ -103,6 +104,26 @@ test("a listener that closes the room sees nothing more of that step after conne
   room._onEvents(JSON.stringify([{ type: "provisional", coordinator: null }, { type: "discontinuity", from: 1, to: 2 },
     { type: "lease", state: "unknown" }]));
   assert.deepEqual(seen, ["provisional", "connection"]);
+});
+
+test("kicked, with an error listener that closes the room: connection: closed is still announced, once", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const ws = NeverOpens.instance;
+  const seen = [];
+  room.on("error", (e) => { seen.push(`error ${e.code}`); room.close(); });
+  room.on("connection", ({ phase }) => seen.push(phase));
+  room.on("lease", ({ state }) => seen.push(`lease ${state}`));
+  // The stand-in opens, the server welcomes this member and then kicks it: one step of the core
+  // reports the error, then (the view closed) the lease and `connection: closed`.
+  ws.readyState = 1;
+  ws.onopen?.({});
+  ws.onmessage({ data: JSON.stringify({ v: 1, t: "welcome", you: "me", session: "me-s", missed: [],
+    snapshot: { room: "r", current: { room: "r", host: null, session: null, epoch: 0, seq: 0, lease_ms: 5000, reason: "elected", issued_at: 0 },
+      members: [], seq: 0, server_time: 0, actions: { host: [], participant: ["vote"] } } }) });
+  assert.equal(room.view.phase, "live");
+  seen.length = 0;
+  ws.onmessage({ data: JSON.stringify({ v: 1, t: "error", code: "kicked", message: "removed by an admin" }) });
+  assert.deepEqual(seen, ["error kicked", "closed"]);
 });
 
 test("a token that lives for weeks is not fetched again and again", async () => {

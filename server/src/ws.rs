@@ -672,20 +672,22 @@ impl Conn {
                     kid: self.app.keys.kid.clone(),
                 };
                 let token = Token::new(self.app.keys.sign_token(CAP_PREFIX, &claims));
+                // The token first: a client's lease is held from the confirm on, and so it can
+                // act as host from that moment (its `lease: held` event means authority).
                 let ok = self
-                    .send(&ServerMsg::LeaseConfirm {
-                        nonce,
-                        epoch,
-                        remaining_ms: lease_ms,
+                    .send(&ServerMsg::Capability {
+                        role: Role::Host,
+                        token,
+                        epoch: Some(epoch),
+                        actions,
+                        expires_in_ms: lease_ms,
                     })
                     .await
                     && self
-                        .send(&ServerMsg::Capability {
-                            role: Role::Host,
-                            token,
-                            epoch: Some(epoch),
-                            actions,
-                            expires_in_ms: lease_ms,
+                        .send(&ServerMsg::LeaseConfirm {
+                            nonce,
+                            epoch,
+                            remaining_ms: lease_ms,
                         })
                         .await;
                 if ok {

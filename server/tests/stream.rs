@@ -516,6 +516,37 @@ async fn a_probe_nonce_is_confirmed_once() {
     assert_eq!(confirms, 1, "one confirmation (one renewal) per probe");
 }
 
+/// A renewal's host token comes before its confirm: the client's lease is held from the confirm
+/// on, and it can act as host from that moment (the SDK's `lease: held` means authority).
+#[tokio::test]
+async fn a_renewal_sends_the_host_token_before_the_confirm() {
+    let srv = start(test_config()).await;
+    let mut a = srv.raw("order", "alice", true).await;
+    for round in 0..2 {
+        let nonce = a
+            .until(|m| match m {
+                ServerMsg::LeaseProbe { nonce, .. } => Some(*nonce),
+                _ => None,
+            })
+            .await;
+        a.send(&ClientMsg::LeaseEcho { nonce }).await;
+        let mut host_token = false;
+        loop {
+            match a.next(Duration::from_secs(5)).await.expect("the confirm") {
+                ServerMsg::Capability {
+                    role: Role::Host, ..
+                } => host_token = true,
+                ServerMsg::LeaseConfirm { nonce: n, .. } if n == nonce => break,
+                _ => {}
+            }
+        }
+        assert!(
+            host_token,
+            "round {round}: the confirm came before the host token"
+        );
+    }
+}
+
 /// Control frames count against the per-connection message rate: a ping flood is closed like
 /// any other flood.
 #[tokio::test]
