@@ -123,7 +123,9 @@ export interface EventMap {
   members: { members: Member[] };
   event: RoomEventRecord;
   discontinuity: { from: number; to: number };
+  /** `closed` is the last event a room delivers, but for pending commands' outcomes. */
   connection: { phase: Phase };
+  /** `held` for a new host: from then on it may issue host commands (`view.amHost`). */
   lease: { state: LeaseState };
   /** `reason`: the server's rejection code when `code` is `Rejected` (`bad_request`, ...). */
   command: { id: string; state: "queued" | "accepted" | "failed"; seq?: number; code?: string; reason?: string };
