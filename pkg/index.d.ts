@@ -144,8 +144,10 @@ export interface ConnectOptions {
   room: string;
   /** A join token from your backend. If the server refuses it, the room closes. */
   token?: string;
-  /** Called for a join token before each connection and ahead of `expiresAt`; an answer that
-   * takes longer than 10 s counts as failed (`TokenUnavailable`) and is asked again later. */
+  /** Called for the first connection's join token, 30 s ahead of `expiresAt` (half way for a
+   * token of a minute or less), and when the server refuses the token it has; a token without
+   * `expiresAt` is used again for every reconnect until it is refused. An answer that takes
+   * longer than 10 s counts as failed (`TokenUnavailable`) and is asked again later. */
   getToken?: () => TokenResult | Promise<TokenResult>;
   /** Where the server's public keys are (default: `<server>/v1/keys`). */
   keysUrl?: string;
@@ -171,8 +173,10 @@ export declare class Room {
   close(): void;
 }
 
-/** Rejects with `BadArgument` (bad options or URL), `TokenUnavailable` (no first token) or
- * `Unavailable` (the WebSocket could not be opened). */
+/** Resolves once the first connection attempt has started (watch `connection` for `live`; a
+ * server that cannot be reached is retried with backoff). Rejects with `NotInitialized` (before
+ * `init()`), `BadArgument` (bad options, URL or room name), `TokenUnavailable` (no first token)
+ * or `Unavailable` (the browser refused to create the WebSocket). */
 export declare function connect(options: ConnectOptions): Promise<Room>;
 
 /** One stream item: an assignment (signed by the server) or a room event. */

@@ -189,8 +189,8 @@ function inboxPage(body) {
  */
 export async function fetchInbox(options) {
   const { url, room, token, since = 0 } = options ?? {};
-  if (typeof url !== "string" || typeof room !== "string" || typeof token !== "string") {
-    throw new UsageError(ErrorCode.BadArgument, "fetchInbox() needs { url, room, token }");
+  if (typeof url !== "string" || !id(room) || typeof token !== "string") {
+    throw new UsageError(ErrorCode.BadArgument, `fetchInbox() needs { url, room, token } (room: ${ID})`);
   }
   if (!count(since)) {
     throw new UsageError(ErrorCode.BadArgument, "`since` must be a cursor (a non-negative integer)");
@@ -259,10 +259,11 @@ const isEvent = (m) =>
  */
 export async function connect(options) {
   requireInit();
-  if (typeof options?.url !== "string" || typeof options.room !== "string"
+  // A room name the server refuses would be dialled for ever: it is checked here.
+  if (typeof options?.url !== "string" || !id(options.room)
     || (typeof options.token !== "string" && typeof options.getToken !== "function")) {
     throw new UsageError(ErrorCode.BadArgument,
-      "connect() needs { url, room } and a token or getToken");
+      `connect() needs { url, room } (room: ${ID}) and a token or getToken`);
   }
   httpBase(options.url);
   const room = new Room(options);
@@ -509,20 +510,16 @@ export class Room {
     } catch {
       return;
     }
-    // Nothing follows `connection: closed` (a listener may close the room part-way through a
-    // step, whose close() announces it first) but the outcome of a command still pending.
-    for (const e of events) if (!this._ended || this._pending.has(e.id)) this._dispatch(e);
+    for (const e of events) this._dispatch(e);
   }
 
   _dispatch(e) {
     switch (e.type) {
       case "connection":
         // Closed by the server (kicked, room closed): stop refreshing tokens and relaying too.
-        if (e.phase === "closed") {
-          this._ended = true;
-          this.close();
-        }
+        if (e.phase === "closed") this.close();
         this._emit("connection", { phase: e.phase });
+        if (e.phase === "closed") this._ended = true;
         break;
       case "host": {
         const a = e.assignment;
@@ -583,12 +580,16 @@ export class Room {
         break;
       }
       case "token_needed":
-        this._dial();
+        if (!this._closed) this._dial();
         break;
     }
   }
 
   _emit(type, payload) {
+    // Nothing follows `connection: closed` but command outcomes: not the rest of a step in which
+    // a listener closed the room (its close() announced `closed` first), nor a token fetch or a
+    // relay check that finishes after it.
+    if (this._ended && type !== "command") return;
     for (const listener of this._listeners.get(type) ?? []) {
       try {
         listener(payload);
@@ -652,9 +653,7 @@ export class Room {
     if (key && bytes) {
       try {
         ok = await crypto.subtle.verify({ name: "Ed25519" }, key, b64urlDecode(signed.sig), bytes);
-      } catch {
-        ok = false;
-      }
+      } catch {} // a malformed signature: not verified
     }
     if (!ok) {
       this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment failed signature verification"));

@@ -9,7 +9,8 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 
 use common::*;
 use hostlease::protocol::codec::{
-    decode_body, encode_body, signing_bytes, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_SERVER_FRAME,
+    decode_body, encode_body, signing_bytes, MAX_CLIENT_FRAME, MAX_CLIENT_PAYLOAD, MAX_MEMBERS,
+    MAX_SERVER_FRAME,
 };
 use hostlease::protocol::*;
 use proptest::prelude::*;
@@ -295,6 +296,41 @@ fn malformed_and_oversized_input_is_rejected_with_typed_errors() {
     let huge = "x".repeat(MAX_SERVER_FRAME + 1);
     assert!(matches!(
         decode_server(&huge),
+        Err(DecodeError::TooLarge { .. })
+    ));
+}
+
+/// A payload the SDK lets through (`MAX_CLIENT_PAYLOAD`) always makes a frame within the
+/// server's limit, whatever else the frame carries at its longest.
+#[test]
+fn the_largest_payload_fits_a_frame_with_the_longest_everything_else() {
+    let longest = |c: char| c.to_string().repeat(128);
+    // A JSON string of exactly MAX_CLIENT_PAYLOAD bytes, escapes included.
+    let body = format!("\"{}\"", "\\n".repeat((MAX_CLIENT_PAYLOAD - 2) / 2));
+    assert_eq!(body.len(), MAX_CLIENT_PAYLOAD);
+    let payload: Json = decode_body(&body, MAX_CLIENT_PAYLOAD).unwrap();
+    for msg in [
+        ClientMsg::Command {
+            id: IdempotencyKey::new(longest('k')).unwrap(),
+            action: Action::new(longest('a')).unwrap(),
+            payload: payload.clone(),
+            epoch: Some(Epoch(u64::MAX)),
+            capability: Token::new("t".repeat(MAX_TOKEN_LEN)),
+        },
+        ClientMsg::Signal {
+            to: ParticipantId::new(longest('p')).unwrap(),
+            to_session: Some(SessionId::new(longest('s')).unwrap()),
+            data: payload.clone(),
+        },
+    ] {
+        let frame = encode_client(&msg);
+        assert!(frame.len() <= MAX_CLIENT_FRAME, "{} bytes", frame.len());
+        assert_eq!(decode_client(&frame).unwrap(), msg);
+    }
+    // One byte more is refused before it reaches a frame.
+    let over = format!("\"{}\"", "x".repeat(MAX_CLIENT_PAYLOAD - 1));
+    assert!(matches!(
+        decode_body::<Json>(&over, MAX_CLIENT_PAYLOAD),
         Err(DecodeError::TooLarge { .. })
     ));
 }

@@ -50,6 +50,11 @@ test("connect refuses what it cannot use, and a room refuses what JSON cannot ho
     await assert.rejects(hl.connect({ url, room: "r", token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument", url);
   }
   await assert.rejects(hl.fetchInbox({ url: "/relative", room: "r", token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
+  // A room name the server would refuse the socket for (it would be retried for ever).
+  for (const room of ["Lunch room", "café", "", "r".repeat(129), "a/b"]) {
+    await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room, token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument", room);
+    await assert.rejects(hl.fetchInbox({ url: "ws://127.0.0.1:9", room, token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument", room);
+  }
   // No join token, no room: connect() itself fails (no `error` listener could exist yet).
   const down = new Error("backend down");
   await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => { throw down; } }),
@@ -63,6 +68,10 @@ test("connect refuses what it cannot use, and a room refuses what JSON cannot ho
       await assert.rejects(room.command("vote", bad), (e) => e instanceof hl.CommandError && e.code === "BadPayload");
       assert.throws(() => room.signal("peer", bad), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
     }
+    // Longer than 60 KiB of JSON text: a frame the server would refuse, so refused here.
+    const big = "x".repeat(61_440);
+    await assert.rejects(room.command("vote", big), (e) => e instanceof hl.CommandError && e.code === "BadPayload");
+    assert.equal(room.signal("peer", big), false);
     const cyclic = {};
     cyclic.self = cyclic;
     await assert.rejects(room.command("vote", cyclic), (e) => e.code === "BadPayload");
@@ -124,6 +133,29 @@ test("kicked, with an error listener that closes the room: connection: closed is
   seen.length = 0;
   ws.onmessage({ data: JSON.stringify({ v: 1, t: "error", code: "kicked", message: "removed by an admin" }) });
   assert.deepEqual(seen, ["error kicked", "closed"]);
+});
+
+test("a token fetch that fails after close() reports nothing: connection: closed was the last event", async () => {
+  let calls = 0;
+  let fail;
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
+    getToken: () => (calls++ ? new Promise((_, reject) => (fail = reject)) : { token: "t", expiresAt: Date.now() + 60_000 }) });
+  const seen = [];
+  room.on("error", (e) => seen.push(`error ${e.code}`));
+  room.on("connection", ({ phase }) => seen.push(phase));
+  const realNow = Date.now;
+  try {
+    // A reconnect 40 s later needs a fresh token (the one held is within its refresh margin).
+    Date.now = () => realNow() + 40_000;
+    room._dial();
+  } finally {
+    Date.now = realNow;
+  }
+  assert.equal(calls, 2);
+  room.close();
+  fail(new Error("backend down"));
+  await new Promise((r) => setTimeout(r, 20));
+  assert.deepEqual(seen, ["closed"]);
 });
 
 test("a token that lives for weeks is not fetched again and again", async () => {
@@ -229,11 +261,11 @@ test("fetchInbox pages through the inbox and rejects bad answers with typed erro
       if (!limited) { limited = true; return [429, { "retry-after": "0" }, "{}"]; }
       return [200, {}, JSON.stringify({ entries: [{ cursor: 3, item: event(5) }], unknown_field: true })];
     };
-    const page = await hl.fetchInbox({ url, room: "r 1", token: "secret-token" });
+    const page = await hl.fetchInbox({ url, room: "r:1@x", token: "secret-token" });
     assert.deepEqual(page.entries.map((e) => e.cursor), [1, 2, 3]);
     assert.equal(page.next, null);
     assert.ok(seen.every((s) => s.auth === "Bearer secret-token" && !s.search.includes("secret")), "the token left the header");
-    assert.equal(seen[0].path, "/v1/rooms/r%201/inbox");
+    assert.equal(seen[0].path, "/v1/rooms/r%3A1%40x/inbox");
     assert.deepEqual(seen.map((s) => s.search), ["?since=0", "?since=2", "?since=2"]);
 
     // A server behind a path prefix: the inbox is read under it.

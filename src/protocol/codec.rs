@@ -14,6 +14,10 @@ use super::wire;
 
 /// Largest client → server frame, in bytes.
 pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
+/// Largest command payload or signalling body a client sends, in bytes of JSON text: the frame
+/// less room for the rest of it (ids, the action, the epoch and a capability token of
+/// `MAX_TOKEN_LEN`), so that a payload within it always makes a frame the server accepts.
+pub const MAX_CLIENT_PAYLOAD: usize = MAX_CLIENT_FRAME - MAX_TOKEN_LEN - 1024;
 /// Largest server → client frame, in bytes (a welcome of a full room with its replay).
 pub const MAX_SERVER_FRAME: usize = 4 * 1024 * 1024;
 /// Most members in one room (and so in one snapshot).

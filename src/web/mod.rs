@@ -53,6 +53,12 @@ fn dom_window() -> Option<web_sys::Window> {
     WINDOW.with(Option::clone)
 }
 
+/// A command payload or signalling body (JSON text), if it is JSON and leaves room in its frame
+/// for the rest (`MAX_CLIENT_PAYLOAD`).
+fn body(text: &str) -> Option<Json> {
+    codec::decode_body(text, codec::MAX_CLIENT_PAYLOAD).ok()
+}
+
 /// The major wire-protocol version this build speaks.
 #[wasm_bindgen(js_name = protocolVersion)]
 pub fn protocol_version() -> u32 {
@@ -685,8 +691,7 @@ impl Driver {
     /// error code as a string for the wrapper to turn into a `HostleaseError`.
     pub fn command(&self, action: String, payload: &str) -> Result<String, JsValue> {
         let action = Action::new(action).map_err(|_| JsValue::from_str("UnknownAction"))?;
-        let payload: Json = codec::decode_body(payload, codec::MAX_CLIENT_FRAME)
-            .map_err(|_| JsValue::from_str("BadPayload"))?;
+        let payload = body(payload).ok_or_else(|| JsValue::from_str("BadPayload"))?;
         let mut result = Err(JsValue::from_str(CommandError::Closed.code()));
         step(&self.inner, |s, _| {
             let now = s.now();
@@ -739,10 +744,7 @@ impl Driver {
 
     /// Sends signalling data (JSON) to another member through the server.
     pub fn signal(&self, to: &str, data: &str) -> bool {
-        let (Ok(to), Ok(data)) = (
-            ParticipantId::new(to),
-            codec::decode_body::<Json>(data, codec::MAX_CLIENT_FRAME),
-        ) else {
+        let (Ok(to), Some(data)) = (ParticipantId::new(to), body(data)) else {
             return false;
         };
         let s = self.inner.borrow();
