@@ -154,7 +154,7 @@ export interface ConnectOptions {
 }
 
 export interface Stamped<T> {
-  hostleaseEpoch: number | null;
+  hostleaseEpoch: number;
   body: T;
 }
 
@@ -163,8 +163,14 @@ export declare class Room {
   readonly view: HostView;
   on<K extends keyof EventMap>(type: K, listener: (payload: EventMap[K]) => void): () => void;
   command(action: string, payload?: unknown): Promise<{ id: string; seq: number }>;
+  /** Tags a message of the host with its epoch; throws a `CommandError` (`NotHost`, or
+   * `NotAuthoritative` while the lease is not held) when this tab may not act as host. */
   stamp<T>(body: T): Stamped<T>;
-  acceptStamped<T>(message: Stamped<T>): T | null;
+  /** The body of a message `peerId` stamped, or `null`: from an older epoch than this tab has
+   * seen, or from that epoch but not from its host. A newer epoch is taken. */
+  acceptStamped<T>(peerId: string, message: Stamped<T>): T | null;
+  /** `peerId`: the peer's participant id (`members[].id`). Does nothing after `close()`; a
+   * channel that closes is detached. */
   attachPeer(peerId: string, channel: RTCDataChannel): void;
   detachPeer(peerId: string): void;
   signal(to: string, data: unknown): boolean;

@@ -106,12 +106,6 @@ function b64urlDecode(s) {
   return out;
 }
 
-function randomWords() {
-  const w = new Uint32Array(2);
-  globalThis.crypto.getRandomValues(w);
-  return w;
-}
-
 function roomUrl(url, room) {
   // An http(s):// base is dialled as ws(s):// (browsers before 2024 refuse http in WebSocket).
   url = url.replace(/^http/, "ws");
@@ -172,7 +166,7 @@ const INBOX_MAX_PAGES = 16;
 /** Checks one inbox page's shape; the entries' items are the stream items of the protocol. */
 function inboxPage(body) {
   const ok = body && Array.isArray(body.entries)
-    && (body.next === undefined || body.next === null || count(body.next))
+    && (body.next == null || count(body.next))
     && body.entries.every((e) => e && count(e.cursor) && e.item && (e.item.kind === "assignment" || e.item.kind === "event"));
   if (!ok) throw new ProtocolError(ErrorCode.BadResponse, "the inbox page is malformed");
   return body;
@@ -216,7 +210,7 @@ export async function fetchInbox(options) {
       throw e instanceof HostleaseError ? e : new ProtocolError(ErrorCode.BadResponse, "the inbox page is not JSON");
     }
     entries.push(...body.entries);
-    if (body.next === undefined || body.next === null) return { entries, next: null };
+    if (body.next == null) return { entries, next: null };
     if (body.next <= cursor) throw new ProtocolError(ErrorCode.BadResponse, "the inbox cursor went backwards");
     cursor = body.next;
   }
@@ -297,7 +291,7 @@ export class Room {
     this._keys = null; // Promise<Map<kid, CryptoKey>> | null
     this._relayWarned = false;
     this._closed = false;
-    const [hi, lo] = randomWords();
+    const [hi, lo] = crypto.getRandomValues(new Uint32Array(2));
     // The driver keeps these two for its life; after `close()` they no longer hold the room, so
     // a closed room the app lets go of is collected (the driver with it).
     const to = { room: this };
@@ -341,17 +335,24 @@ export class Room {
     return result;
   }
 
-  /** Wraps a host's own data-channel message with its epoch. */
+  /** Wraps a message of the host with the epoch it holds authority in. Throws a `CommandError`
+   * when this client may not act as host now: `NotHost`, or `NotAuthoritative` while its lease is
+   * not held (a deposed or cut-off host stamps nothing its peers would take). */
   stamp(body) {
-    return { hostleaseEpoch: this.view.epoch, body };
+    const v = this.view;
+    if (!v.amHost) throw commandError(v.namedHost ? ErrorCode.NotAuthoritative : ErrorCode.NotHost);
+    return { hostleaseEpoch: v.epoch, body };
   }
 
-  /** Returns the body of a stamped message, or `null` when it comes from an older epoch than the
-   * newest this client has seen (a deposed host's message). */
-  acceptStamped(message) {
-    if (!message || typeof message.hostleaseEpoch !== "number") return null;
-    const epoch = this.view.epoch ?? -1;
-    return message.hostleaseEpoch >= epoch ? message.body : null;
+  /** The body of a message `peerId` stamped, or `null` when it is from an older epoch than the
+   * newest this client has seen (a deposed host's message) or from that epoch but not its host.
+   * An epoch newer than this client knows is taken: its host was elected after this client's
+   * last news, which the server or a relay brings within a round trip. (Before its first
+   * snapshot, with no epoch, it takes any: a host's epoch is at least 1, and `e > null` holds.) */
+  acceptStamped(peerId, message) {
+    const e = message?.hostleaseEpoch;
+    const v = this.view;
+    return count(e) && (e > v.epoch || (e === v.epoch && peerId === v.host)) ? message.body : null;
   }
 
   /** Relays presence and server-signed assignments over `channel` (an RTCDataChannel). */
@@ -360,12 +361,13 @@ export class Room {
       throw new UsageError(ErrorCode.BadArgument, "attachPeer() needs a peer id and an RTCDataChannel");
     }
     this.detachPeer(peerId);
+    if (this._closed) return;
     const onOpen = () => {
       this._driver.peerSeen(peerId);
       const signed = this.view.signed;
       if (signed && signed.sig) this._sendRelay(channel, signed);
     };
-    const onClose = () => this._driver.peerLost(peerId);
+    const onClose = () => this.detachPeer(peerId); // let go of a closed channel
     const onMessage = (e) => {
       if (typeof e.data !== "string" || !e.data.includes(RELAY_TAG)) return;
       let msg;
@@ -429,7 +431,9 @@ export class Room {
 
   async _token(fail) {
     const t = this.#token;
-    if (t && (t.expiresAt === undefined || t.expiresAt - Date.now() > TOKEN_REFRESH_EARLY_MS)) return t.token;
+    // Within its refresh margin a token is fetched again, unless it was fetched in the last 10 s
+    // (a short-lived one, or this clock ahead of the backend's: not once per dial).
+    if (t && (t.expiresAt === undefined || t.expiresAt - TOKEN_REFRESH_EARLY_MS > Date.now() || this._tokenAt > Date.now() - 10_000)) return t.token;
     return this._refreshToken(fail);
   }
 
@@ -453,12 +457,14 @@ export class Room {
     }
     this.#token = t;
     clearTimeout(this._refreshTimer);
-    const left = t.expiresAt - Date.now();
+    const left = t.expiresAt - (this._tokenAt = Date.now());
     if (Number.isFinite(left) && !this._closed) {
       // Refresh ahead of expiry so that a reconnect never waits on the app's backend: 30 s
       // before, or half way for a shorter token; within what a timer can wait (about 24 days).
+      // Never sooner than 10 s: a token that looks spent on arrival (this clock ahead of the
+      // backend's) is not asked for again every second.
       const wait = left > 2 * TOKEN_REFRESH_EARLY_MS ? left - TOKEN_REFRESH_EARLY_MS : left / 2;
-      this._refreshTimer = setTimeout(() => this._refreshToken(), Math.min(2 ** 31 - 1, Math.max(1_000, wait)));
+      this._refreshTimer = setTimeout(() => this._refreshToken(), Math.min(2 ** 31 - 1, Math.max(10_000, wait)));
     }
     return t.token;
   }

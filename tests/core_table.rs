@@ -1101,3 +1101,100 @@ fn a_stale_rejection_of_a_command_we_did_not_send_still_resyncs() {
     assert_eq!(v.epoch(), Some(Epoch(3)));
     assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
 }
+
+/// A hello or a resume the server never answers (the connection half-open after a sleep or a
+/// network change, with no close reported): after the retry deadline the core gives up on the
+/// connection (`Stalled`, the driver dials again) rather than resuming into it for ever.
+#[test]
+fn an_unanswered_hello_or_resume_stalls_the_connection() {
+    let mut v = connected("b");
+    let deadline = v.poll_timeout().expect("the hello's deadline");
+    v.handle_timeout(deadline);
+    let (t, ev) = drain(&mut v);
+    assert_eq!((t, ev), (vec![], vec![Event::Stalled]));
+
+    let mut v = live("b", "a", 2);
+    v.handle_wake(at(100));
+    let (t, _) = drain(&mut v);
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
+    let deadline = v.poll_timeout().expect("the resume's deadline");
+    v.handle_timeout(deadline);
+    let (t, ev) = drain(&mut v);
+    assert_eq!((t, ev), (vec![], vec![Event::Stalled]));
+    // Dialled again: the hello resumes from the cursor, and its welcome brings the view back.
+    v.handle_disconnected(deadline);
+    v.handle_connected(deadline, Token::new("join-token"));
+    let (t, _) = drain(&mut v);
+    assert!(
+        matches!(
+            t.as_slice(),
+            [ClientMsg::Hello {
+                resume: Some(Seq(2)),
+                ..
+            }]
+        ),
+        "{t:?}"
+    );
+}
+
+/// Two resumes in flight, one welcome back, then another resume: the second welcome answers the
+/// second resume, built before the third was sent, so its lease time stays anchored on the
+/// first resume's send time (the oldest unanswered), never on the third's.
+#[test]
+fn a_welcome_is_anchored_on_the_oldest_unanswered_resume() {
+    let mut v = HostView::new(Config {
+        buffer_limit: 2,
+        ..config()
+    });
+    v.handle_connected(at(0), Token::new("join-token"));
+    let lease = |v: &mut HostView, ms: u64| {
+        let snap = snapshot(
+            assignment(2, 2, Some("a")),
+            vec![member("a", 1)],
+            Some(3000),
+        );
+        server(v, ms, welcome("a", snap, vec![]))
+    };
+    lease(&mut v, 10);
+    server(&mut v, 10, host_cap(2));
+    v.handle_wake(at(100));
+    assert_eq!(
+        drain(&mut v).0,
+        vec![ClientMsg::Resume { cursor: Seq(2) }],
+        "resume 1, at 100"
+    );
+    // Items past a gap overflow the buffer: resume 2, forced, at 200.
+    let mut sent = Vec::new();
+    for seq in [10, 11, 12] {
+        sent.extend(server(&mut v, 200, ServerMsg::Event(event(seq, 2, "b"))).0);
+    }
+    assert_eq!(
+        sent,
+        vec![ClientMsg::Resume { cursor: Seq(2) }],
+        "resume 2, at 200"
+    );
+    assert_eq!(v.stats().buffer_overflows, 1);
+    lease(&mut v, 300); // answers resume 1
+    assert_eq!(v.phase(), Phase::Live);
+    v.handle_wake(at(400)); // resume 3, while resume 2 is unanswered
+    lease(&mut v, 410); // answers resume 2: its lease counts from 100 at the latest
+                        // 3000 ms less 1 % drift and the 250 ms margin, from 100.
+    assert_eq!(v.lease(), LeaseState::Held { deadline: at(2820) });
+}
+
+/// A hidden tab runs its timers late: the lease expires on the first input after its deadline,
+/// whatever it is, so `lease: expired` never waits for the timer.
+#[test]
+fn a_lease_expires_on_any_input_after_its_deadline() {
+    let mut v = live("a", "a", 2);
+    assert_eq!(v.lease(), LeaseState::Held { deadline: at(2720) });
+    let (_, ev) = server(&mut v, 2719, ServerMsg::Event(event(3, 2, "b")));
+    assert!(!ev.contains(&Event::Lease(LeaseState::Expired)), "{ev:?}");
+    let (_, ev) = server(&mut v, 2720, ServerMsg::Event(event(4, 2, "b")));
+    assert_eq!(
+        ev.first(),
+        Some(&Event::Lease(LeaseState::Expired)),
+        "{ev:?}"
+    );
+    assert_eq!(room_events(&ev), vec![4]);
+}

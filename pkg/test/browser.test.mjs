@@ -84,6 +84,12 @@ test("the first member becomes host and its host command succeeds with its token
   assert.ok(notHost.err.isError && notHost.err.isHostlease);
   // Bob sees Alice's event, once.
   await until("bob sees the poll", async () => (await b.log()).some((e) => e.type === "event" && e.payload.action === "poll.open"));
+  // Alice's data-channel messages carry her epoch; Bob takes them from her, not from himself.
+  const stamped = await a.page.evaluate(() => window.T.stamp({ tick: 1 }));
+  assert.deepEqual(stamped.ok, { hostleaseEpoch: va.epoch, body: { tick: 1 } });
+  assert.deepEqual(await b.page.evaluate((m) => window.T.acceptStamped("alice", m), stamped.ok), { tick: 1 });
+  assert.equal(await b.page.evaluate((m) => window.T.acceptStamped("bob", m), stamped.ok), null);
+  assert.deepEqual((await b.page.evaluate(() => window.T.stamp({ tick: 2 }))).err, { code: "NotHost", isHostlease: true });
   await closeAll(a, b);
 });
 
@@ -94,12 +100,17 @@ test("after a failover the old host is refused locally and, sent raw, by the ser
   const b = await member(room, "bob", { webrtc: false });
   await live(b);
   const before = (await a.view()).epoch;
+  const oldStamp = (await a.page.evaluate(() => window.T.stamp({ tick: 1 }))).ok;
   // Alice's connection dies silently; her lease lapses; Bob is elected.
   a.proxy.hold();
   await until("bob elected", async () => (await b.view()).host === "bob" && (await b.view()).amHost, { timeout: 60_000 });
   // Alice's SDK stops acting by itself (its local lease ran out before the server's).
   const local = await a.page.evaluate(() => window.T.command("poll.close", {}));
   assert.ok(["LeaseExpired", "NotAuthoritative", "NotHost"].includes(local.err?.code), JSON.stringify(local));
+  // ... and stamps nothing; what she stamped as host is from an older epoch to Bob.
+  const cutOff = (await a.page.evaluate(() => window.T.stamp({ tick: 2 }))).err?.code;
+  assert.ok(["NotAuthoritative", "NotHost"].includes(cutOff), cutOff);
+  assert.equal(await b.page.evaluate((m) => window.T.acceptStamped("alice", m), oldStamp), null);
   a.proxy.restore();
   a.proxy.cut(); // the held connection is dead anyway: drop it so the SDK reconnects
   a.proxy.restore();
@@ -109,6 +120,9 @@ test("after a failover the old host is refused locally and, sent raw, by the ser
   }, { timeout: 60_000 });
   const refused = await a.page.evaluate(() => window.T.command("poll.close", {}));
   assert.equal(refused.err?.code, "NotHost");
+  assert.equal((await a.page.evaluate(() => window.T.stamp({ tick: 3 }))).err?.code, "NotHost");
+  const bobs = (await b.page.evaluate(() => window.T.stamp({ tick: 4 }))).ok;
+  assert.deepEqual(await a.page.evaluate((m) => window.T.acceptStamped("bob", m), bobs), { tick: 4 });
   // Sent raw with her old token and epoch, the server refuses it and the poll is untouched.
   const id = await a.page.evaluate(() => window.T.staleHostCommand("poll.close", {}));
   assert.ok(id, "alice held a host token before");

@@ -23,7 +23,7 @@ export async function main(channel: RTCDataChannel): Promise<number | null> {
     return null;
   } finally {
     const stamped = room.stamp({ q: 1 });
-    const body: { q: number } | null = room.acceptStamped(stamped);
+    const body: { q: number } | null = room.acceptStamped("p2", stamped);
     console.log(body?.q);
     room.close();
   }

@@ -176,6 +176,18 @@ test("a token that lives for weeks is not fetched again and again", async () => 
   }
 });
 
+test("a token that looks spent on arrival (this clock ahead of the backend's) is not asked for again every second", async () => {
+  let calls = 0;
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
+    getToken: () => (calls++, { token: "t", expiresAt: Date.now() - 60_000 }) });
+  try {
+    await new Promise((r) => setTimeout(r, 2_500));
+    assert.equal(calls, 1);
+  } finally {
+    room.close();
+  }
+});
+
 test("inbox() without a token rejects with why, and does not also report it to the error listeners", async () => {
   const down = new Error("backend down");
   let calls = 0;
@@ -192,6 +204,19 @@ test("inbox() without a token rejects with why, and does not also report it to t
   } finally {
     room.close();
   }
+});
+
+test("a data channel that closes is let go of; attachPeer() after close() does nothing", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const channel = () => Object.assign(new EventTarget(), { readyState: "connecting", send() {} });
+  const ch = channel();
+  room.attachPeer("p2", ch);
+  assert.equal(room._peers.size, 1);
+  ch.dispatchEvent(new Event("close"));
+  assert.equal(room._peers.size, 0);
+  room.close();
+  room.attachPeer("p3", channel());
+  assert.equal(room._peers.size, 0);
 });
 
 test("a closed room the app lets go of is garbage-collected", { skip: !globalThis.gc && "needs node --expose-gc" }, async () => {

@@ -263,11 +263,13 @@ pub struct HostView {
     cursor: Seq,
     /// The cursor asked for in the pending hello/resume (`None`: no history requested).
     resume_asked: Option<Seq>,
-    /// When the pending hello/resume was sent: the anchor for a snapshot's lease time.
+    /// When the oldest hello/resume no welcome has answered yet was sent: the anchor for a
+    /// snapshot's lease time. It never moves forward while one is unanswered, as a welcome
+    /// answers the oldest and may have been built before any later one was sent.
     resync_sent_at: Instant,
+    /// Hello and resume frames sent on this connection that no welcome has answered yet.
+    unanswered: u32,
     awaiting_welcome: bool,
-    /// The pending welcome answers a hello (not a resume on a live connection).
-    hello_pending: bool,
     /// Ask again if no welcome came by then (a lost frame, a server that shed it).
     resync_retry_at: Option<Instant>,
     members: Vec<Member>,
@@ -308,8 +310,8 @@ impl HostView {
             cursor: Seq::ZERO,
             resume_asked: None,
             resync_sent_at: Instant::ZERO,
+            unanswered: 0,
             awaiting_welcome: false,
-            hello_pending: false,
             resync_retry_at: None,
             members: Vec::new(),
             actions,
@@ -422,8 +424,17 @@ impl HostView {
 
     // ----- inputs --------------------------------------------------------------------------
 
+    /// Every input's clock reading. Time never goes back, and a lease whose deadline has passed
+    /// expires on whichever input comes first, not only on the timer (which a hidden tab runs
+    /// late).
+    #[inline(never)] // one copy in the wasm, not one per input
     fn tick(&mut self, now: Instant) -> Instant {
         self.now = self.now.max(now);
+        if let LeaseState::Held { deadline } = self.lease {
+            if self.now >= deadline {
+                self.set_lease(LeaseState::Expired);
+            }
+        }
         self.now
     }
 
@@ -443,8 +454,8 @@ impl HostView {
         self.echoes.clear();
         self.resume_asked = resume;
         self.resync_sent_at = now;
+        self.unanswered = 1;
         self.awaiting_welcome = true;
-        self.hello_pending = true;
         self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
         self.transmits.push_back(ClientMsg::Hello {
             token: join_token,
@@ -467,7 +478,7 @@ impl HostView {
             return;
         }
         self.awaiting_welcome = false;
-        self.hello_pending = false;
+        self.unanswered = 0;
         self.resync_retry_at = None;
         self.buffer.clear();
         self.echoes.clear();
@@ -539,19 +550,17 @@ impl HostView {
 
     /// Timers: the lease deadline and command resends. Extra calls are harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let now = self.tick(now);
-        if let LeaseState::Held { deadline } = self.lease {
-            if now >= deadline {
-                self.set_lease(LeaseState::Expired);
-            }
-        }
+        let now = self.tick(now); // expires a lease whose deadline passed
         if self.resync_retry_at.is_some_and(|t| now >= t) {
             self.resync_retry_at = None;
-            if self.hello_pending {
-                // A resume is meaningless before the hello is answered: start over.
+            if self.awaiting_welcome {
+                // The hello or a resume went unanswered for a whole timeout, where the server
+                // answers each at once: the connection is presumed dead (half-open after a sleep
+                // or a network change, which may never report a close). Start over: the driver
+                // drops it and dials again.
                 self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
                 self.events.push_back(Event::Stalled);
-            } else if self.awaiting_welcome || self.needs_participant_grant() {
+            } else if self.needs_participant_grant() {
                 self.request_resync(now, true);
             }
         }
@@ -735,7 +744,7 @@ impl HostView {
             }
         }
         self.awaiting_welcome = false;
-        self.hello_pending = false;
+        self.unanswered = self.unanswered.saturating_sub(1);
         self.resync_retry_at = None;
         self.me = Some(you);
         self.session = Some(session);
@@ -933,11 +942,12 @@ impl HostView {
             return; // already asked from exactly here
         }
         self.stats.resyncs_requested += 1;
-        if !self.awaiting_welcome {
-            // With resumes outstanding, a welcome may answer the earliest: anchor its lease time
-            // there, never later than the server's reading of it.
+        if self.unanswered == 0 {
+            // With hellos or resumes unanswered, the next welcome answers the oldest: its lease
+            // time stays anchored there, never later than the server's reading of it.
             self.resync_sent_at = now;
         }
+        self.unanswered = self.unanswered.saturating_add(1);
         self.awaiting_welcome = true;
         let retry = self.config.retry.retry_delay_ms(
             self.stats.resyncs_requested.min(16) as u32,
@@ -1201,7 +1211,6 @@ impl HostView {
         }
         // Nothing is awaited any more: no deadline is left for `poll_timeout` to report.
         self.awaiting_welcome = false;
-        self.hello_pending = false;
         self.resync_retry_at = None;
         self.host_grant = None;
         self.set_lease(LeaseState::NotHost);

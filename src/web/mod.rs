@@ -331,9 +331,18 @@ impl State {
         push_event(&mut self.out, &e);
     }
 
-    /// Drains the core after an input: frames to the socket at once, events to `out`, then the
-    /// timer for the next timeout.
+    /// Drains the core after an input: frames to the socket at once, events to `out` (a stalled
+    /// connection is dropped, and what that makes is drained too), then the timer for the next
+    /// timeout.
     fn drain(&mut self, weak: &Weak<RefCell<State>>) {
+        while self.drain_once() {
+            self.drop_socket();
+        }
+        self.arm_timer(weak);
+    }
+
+    /// One pass of [`drain`](Self::drain); `true`: the core gave up on the connection.
+    fn drain_once(&mut self) -> bool {
         while let Some(msg) = self.view.poll_transmit() {
             if let Some(s) = &self.socket {
                 if s.ws.ready_state() == WebSocket::OPEN {
@@ -415,10 +424,7 @@ impl State {
                 Event::Stalled => stalled = true,
             }
         }
-        if stalled {
-            self.drop_socket(weak);
-        }
-        self.arm_timer(weak);
+        stalled
     }
 
     /// Keeps one browser timer at the earliest of the core's timeout and the reconnect time.
@@ -476,7 +482,8 @@ impl State {
         }
     }
 
-    fn drop_socket(&mut self, weak: &Weak<RefCell<State>>) {
+    /// Every caller is a step, whose drain reports what this makes and arms the timer.
+    fn drop_socket(&mut self) {
         self.retire_socket();
         let now = self.now();
         self.view.handle_disconnected(now);
@@ -485,19 +492,6 @@ impl State {
             self.attempt = self.attempt.saturating_add(1);
             self.reconnect_at = Some(now.add_ms(delay));
         }
-        // Report the disconnect's events now (the caller may be the close handler itself).
-        while let Some(e) = self.view.poll_event() {
-            if let Event::Phase(p) = e {
-                self.push(JsEvent::Connection { phase: p.as_str() });
-            } else if let Event::Provisional { coordinator } = &e {
-                self.push(JsEvent::Provisional {
-                    coordinator: coordinator.as_ref(),
-                });
-            } else if let Event::Lease(l) = e {
-                self.push(JsEvent::Lease { state: l.as_str() });
-            }
-        }
-        self.arm_timer(weak);
     }
 
     fn open(&mut self, weak: &Weak<RefCell<State>>) -> Result<(), JsValue> {
@@ -517,7 +511,7 @@ impl State {
         let w = weak.clone();
         let close = Handler::new(move || {
             if let Some(rc) = w.upgrade() {
-                step(&rc, |s, w| s.drop_socket(w));
+                step(&rc, |s, _| s.drop_socket());
             }
         });
         ws.set_onopen(Some(open.as_ref().unchecked_ref()));
@@ -681,7 +675,7 @@ impl Driver {
             s.reconnect_at = None;
             if let Err(e) = s.open(w) {
                 result = Err(e);
-                s.drop_socket(w);
+                s.drop_socket();
             }
         });
         result
@@ -847,7 +841,7 @@ impl Driver {
     /// Test hook: closes the socket as if the network dropped it.
     #[wasm_bindgen(js_name = dropConnection)]
     pub fn drop_connection(&self) {
-        step(&self.inner, |s, w| s.drop_socket(w));
+        step(&self.inner, |s, _| s.drop_socket());
     }
 
     /// Leaves the room (a host is replaced at once) and stops reconnecting.

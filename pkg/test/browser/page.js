@@ -98,6 +98,15 @@ window.T = {
     const frame = { v: 1, t: "command", id, action, payload: payload ?? null, epoch: lastHostCap.epoch, capability: lastHostCap.token };
     return room._driver.rawSend(JSON.stringify(frame)) ? id : null;
   },
+  // `room.stamp(body)` as plain data: `{ ok: stamped }` or `{ err: { code, isHostlease } }`.
+  stamp(body) {
+    try {
+      return { ok: room.stamp(body) };
+    } catch (e) {
+      return { err: { code: e.code, isHostlease: e instanceof hl.CommandError } };
+    }
+  },
+  acceptStamped: (peer, message) => room.acceptStamped(peer, message),
   relay: (peer, assignment) => room._onRelay(peer, assignment),
   // Takes `frames` as if the server sent them; returns the ones that reached the Rust codec.
   frames(frames) {
