@@ -159,6 +159,8 @@ export interface Stamped<T> {
 }
 
 export declare class Room {
+  /** Rooms come from `connect()`, which checks the options and fetches the first token. */
+  private constructor();
   readonly room: string;
   readonly view: HostView;
   on<K extends keyof EventMap>(type: K, listener: (payload: EventMap[K]) => void): () => void;
