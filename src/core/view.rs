@@ -270,7 +270,7 @@ pub struct HostView {
     /// Hello and resume frames sent on this connection that no welcome has answered yet.
     unanswered: u32,
     awaiting_welcome: bool,
-    /// Ask again if no welcome came by then (a lost frame, a server that shed it).
+    /// Awaiting a welcome: `Stalled` if none came by then; else resync for a missing grant.
     resync_retry_at: Option<Instant>,
     members: Vec<Member>,
     actions: ActionTable,
