@@ -778,20 +778,77 @@ fn a_command_refused_at_once_is_the_calls_error_not_an_event() {
     assert_eq!(v.pending().count(), 0);
 }
 
+fn result(v: &mut HostView, ms: u64, id: &IdempotencyKey, outcome: Outcome) -> Vec<Event> {
+    let (_, ev) = server(
+        v,
+        ms,
+        ServerMsg::CommandResult {
+            id: id.clone(),
+            outcome,
+        },
+    );
+    ev
+}
+
+fn rejected(code: RejectCode) -> Outcome {
+    Outcome::Rejected {
+        code,
+        current: None,
+        retry_after_ms: Some(1000),
+    }
+}
+
 #[test]
-fn a_host_command_in_flight_dies_with_its_epoch() {
+fn a_host_command_in_flight_is_decided_by_its_result_not_by_the_next_epoch() {
+    // A resign's own assignment comes before its result (the server answers after the item it
+    // committed): the resign is accepted, not failed, and nothing is resynced.
+    let mut v = live("a", "a", 2);
+    let key = v.resign(at(20)).unwrap();
+    drain(&mut v);
+    let (_, ev) = server(&mut v, 21, assign(3, 3, Some("b")));
+    assert!(
+        !ev.iter().any(|e| matches!(e, Event::CommandFailed { .. })),
+        "{ev:?}"
+    );
+    let ev = result(&mut v, 22, &key, Outcome::Accepted { seq: Seq(3) });
+    assert!(
+        ev.contains(&Event::CommandAccepted {
+            id: key,
+            seq: Seq(3)
+        }),
+        "{ev:?}"
+    );
+    assert!(v.poll_transmit().is_none());
+    // One the server refuses fails with its code; one never answered is not resent with a dead
+    // token: its timer fails it.
+    let stale = |id: &IdempotencyKey| Event::CommandFailed {
+        id: id.clone(),
+        error: CommandError::StaleEpoch,
+    };
+    let mut v = live("a", "a", 2);
+    let refused = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    server(&mut v, 21, assign(3, 3, Some("b")));
+    let ev = result(&mut v, 22, &refused, rejected(RejectCode::StaleEpoch));
+    assert!(ev.contains(&stale(&refused)), "{ev:?}");
+    let mut v = live("a", "a", 2);
+    let unanswered = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    let (_, ev) = server(&mut v, 21, assign(3, 3, Some("b")));
+    assert!(!ev.contains(&stale(&unanswered)), "{ev:?}");
+    v.handle_timeout(at(60_000));
+    let (t, ev) = drain(&mut v);
+    assert!(t.is_empty(), "{t:?}");
+    assert_eq!(ev, vec![stale(&unanswered)]);
+    // One waiting to be sent again (rejected as retryable) dies with its epoch at once.
     let mut v = live("a", "a", 2);
     let key = host_command(&mut v, 20).unwrap();
     drain(&mut v);
-    let (_, ev) = server(&mut v, 21, assign(3, 3, Some("b")));
-    assert!(ev.contains(&Event::CommandFailed {
-        id: key.clone(),
-        error: CommandError::StaleEpoch
-    }));
-    // Its timer never resends it.
+    result(&mut v, 21, &key, rejected(RejectCode::RateLimited));
+    let (_, ev) = server(&mut v, 22, assign(3, 3, Some("b")));
+    assert!(ev.contains(&stale(&key)), "{ev:?}");
     v.handle_timeout(at(60_000));
-    let (t, _) = drain(&mut v);
-    assert!(t.is_empty(), "{t:?}");
+    assert!(v.poll_transmit().is_none());
 }
 
 #[test]

@@ -84,9 +84,12 @@ test("the first member becomes host and its host command succeeds with its token
   assert.ok(notHost.err.isError && notHost.err.isHostlease);
   // Bob sees Alice's event, once.
   await until("bob sees the poll", async () => (await b.log()).some((e) => e.type === "event" && e.payload.action === "poll.open"));
+  // Alice got her event before its result, so the result did not look like news of a lost event
+  // (which resyncs, and takes her authority away until the welcome).
+  assert.deepEqual((await a.log()).filter((e) => e.type === "connection").map((e) => e.payload.phase), ["live"]);
   // Alice's data-channel messages carry her epoch; Bob takes them from her, not from himself.
-  const stamped = await a.page.evaluate(() => window.T.stamp({ tick: 1 }));
-  assert.deepEqual(stamped.ok, { hostleaseEpoch: va.epoch, body: { tick: 1 } });
+  const stamped = await a.page.evaluate(() => window.T.stampAsHost({ tick: 1 }));
+  assert.deepEqual(stamped.ok, { hostleaseEpoch: va.epoch, body: { tick: 1 } }, JSON.stringify([stamped, await a.view()]));
   assert.deepEqual(await b.page.evaluate((m) => window.T.acceptStamped("alice", m), stamped.ok), { tick: 1 });
   assert.equal(await b.page.evaluate((m) => window.T.acceptStamped("bob", m), stamped.ok), null);
   assert.deepEqual((await b.page.evaluate(() => window.T.stamp({ tick: 2 }))).err, { code: "NotHost", isHostlease: true });
@@ -100,7 +103,8 @@ test("after a failover the old host is refused locally and, sent raw, by the ser
   const b = await member(room, "bob", { webrtc: false });
   await live(b);
   const before = (await a.view()).epoch;
-  const oldStamp = (await a.page.evaluate(() => window.T.stamp({ tick: 1 }))).ok;
+  const oldStamp = (await a.page.evaluate(() => window.T.stampAsHost({ tick: 1 }))).ok;
+  assert.deepEqual(oldStamp, { hostleaseEpoch: before, body: { tick: 1 } });
   // Alice's connection dies silently; her lease lapses; Bob is elected.
   a.proxy.hold();
   await until("bob elected", async () => (await b.view()).host === "bob" && (await b.view()).amHost, { timeout: 60_000 });
@@ -121,7 +125,8 @@ test("after a failover the old host is refused locally and, sent raw, by the ser
   const refused = await a.page.evaluate(() => window.T.command("poll.close", {}));
   assert.equal(refused.err?.code, "NotHost");
   assert.equal((await a.page.evaluate(() => window.T.stamp({ tick: 3 }))).err?.code, "NotHost");
-  const bobs = (await b.page.evaluate(() => window.T.stamp({ tick: 4 }))).ok;
+  const bobs = (await b.page.evaluate(() => window.T.stampAsHost({ tick: 4 }))).ok;
+  assert.equal(bobs?.hostleaseEpoch, (await b.view()).epoch);
   assert.deepEqual(await a.page.evaluate((m) => window.T.acceptStamped("bob", m), bobs), { tick: 4 });
   // Sent raw with her old token and epoch, the server refuses it and the poll is untouched.
   const id = await a.page.evaluate(() => window.T.staleHostCommand("poll.close", {}));

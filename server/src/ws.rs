@@ -41,6 +41,9 @@ type Commands = FuturesOrdered<Pin<Box<dyn Future<Output = ServerMsg> + Send>>>;
 /// How long a departing host's presence frame waits for its successor's assignment to go out.
 const PUBLISH_WAIT: Duration = Duration::from_millis(100);
 
+/// How long a command's result waits for its event to be published (see `Conn::answer`).
+const ANSWER_WAIT: Duration = Duration::from_millis(500);
+
 /// Broadcast frames written per flush at most.
 const BROADCAST_BATCH: usize = 64;
 
@@ -454,9 +457,7 @@ impl Conn {
             }
             let flow = tokio::select! {
                 m = stream.next(), if commands.len() < MAX_IN_FLIGHT => self.on_client(m, &mut commands).await,
-                Some(answer) = commands.next() => {
-                    if self.send(&answer).await { Flow::Continue } else { Flow::End(false) }
-                }
+                Some(answer) = commands.next() => self.answer(answer, &mut rx).await,
                 b = rx.next() => match b {
                     Some(Ok(b)) => self.on_broadcasts(b, &mut rx).await,
                     // A slow client: it sees a seq gap on the next item and resumes.
@@ -470,10 +471,8 @@ impl Conn {
                     Some(Direct::Close(f)) => {
                         // What was published before the close goes out first (a room's closing
                         // assignment before its `room_closed`).
-                        while let Some(Some(Ok(b))) = rx.next().now_or_never() {
-                            if let Flow::End(e) = self.on_broadcasts(b, &mut rx).await {
-                                return e;
-                            }
+                        if let Flow::End(e) = self.drain_broadcasts(&mut rx).await {
+                            return e;
                         }
                         // An error frame from elsewhere (admin kick or close): counted like the
                         // session's own errors (`close_with`).
@@ -712,6 +711,39 @@ impl Conn {
     /// Sends `first` and what else the room has already queued for this connection, up to
     /// `BROADCAST_BATCH` frames, with one flush: a busy room costs a write per batch, not one
     /// per frame. Order is kept (a probe sent on the way flushes what was queued before it).
+    /// Sends a command's result after the event it committed: the client takes an accepted seq
+    /// it has not seen on the stream for a lost event and resyncs. The result can be ready before
+    /// the publisher has tailed the outbox, so it waits for that (at most `ANSWER_WAIT`; past it
+    /// the client resyncs, which is correct, only slower).
+    async fn answer(&mut self, answer: ServerMsg, rx: &mut BroadcastStream<Bcast>) -> Flow {
+        if let ServerMsg::CommandResult {
+            outcome: Outcome::Accepted { seq },
+            ..
+        } = &answer
+        {
+            if self.room.wait_published(*seq, ANSWER_WAIT).await {
+                if let Flow::End(e) = self.drain_broadcasts(rx).await {
+                    return Flow::End(e);
+                }
+            }
+        }
+        if self.send(&answer).await {
+            Flow::Continue
+        } else {
+            Flow::End(false)
+        }
+    }
+
+    /// Writes every broadcast already received (published, so in `rx` or lagged past).
+    async fn drain_broadcasts(&mut self, rx: &mut BroadcastStream<Bcast>) -> Flow {
+        while let Some(Some(Ok(b))) = rx.next().now_or_never() {
+            if let Flow::End(e) = self.on_broadcasts(b, rx).await {
+                return Flow::End(e);
+            }
+        }
+        Flow::Continue
+    }
+
     async fn on_broadcasts(&mut self, first: Bcast, rx: &mut BroadcastStream<Bcast>) -> Flow {
         let mut next = Some(first);
         let mut sent = 0;

@@ -993,13 +993,13 @@ impl HostView {
         let previous = self.current.replace(signed.assignment.clone());
         let assignment = signed.assignment.clone();
         self.current_signed = Some(signed);
-        // A new epoch ends every host token and every host command of older epochs.
+        // A new epoch ends every host token and every unsent host command of older epochs.
         self.host_grant = None;
         self.echoes.clear();
         let fail: Vec<IdempotencyKey> = self
             .commands
             .iter()
-            .filter(|c| c.kind == ActionKind::Host && c.epoch != Some(assignment.epoch))
+            .filter(|c| c.dies_with(assignment.epoch))
             .map(|c| c.id.clone())
             .collect();
         for id in fail {
@@ -1443,5 +1443,16 @@ impl HostView {
         )
         .cloned();
         self.set_provisional(p);
+    }
+}
+
+impl PendingCommand {
+    /// A host command of an older epoch than `epoch`, not in flight. One in flight may be what
+    /// made the new epoch (a resign) or have been committed before it: its result, which the
+    /// server sends after the item it committed, tells.
+    fn dies_with(&self, epoch: Epoch) -> bool {
+        self.kind == ActionKind::Host
+            && self.epoch != Some(epoch)
+            && !matches!(self.state, CmdState::InFlight { .. })
     }
 }
