@@ -36,8 +36,10 @@ export class ConnectionError extends HostleaseError {}
 /** The server or a peer broke the protocol. */
 export class ProtocolError extends HostleaseError {}
 // `.name` spelled out: bundlers rename classes, and `constructor.name` goes with them.
-for (const [c, name] of [[HostleaseError, "HostleaseError"], [UsageError, "UsageError"], [CommandError, "CommandError"],
-  [ConnectionError, "ConnectionError"], [ProtocolError, "ProtocolError"]]) c.prototype.name = name;
+// (An object's shorthand keys are the source names; a minifier keeps them.)
+for (const [name, c] of Object.entries({ HostleaseError, UsageError, CommandError, ConnectionError, ProtocolError })) {
+  c.prototype.name = name;
+}
 
 const COMMAND_MESSAGES = {
   NotHost: "this session is not the host",
@@ -50,7 +52,7 @@ const COMMAND_MESSAGES = {
   BadPayload: "the payload is not JSON-serialisable or too large",
   QueueFull: "too many commands queued or in flight",
   Timeout: "no result from the server after every retry",
-  Interrupted: "the connection dropped before the result arrived; see the room's events",
+  Interrupted: "the result was lost (a drop or a new epoch); see the room's events",
   Closed: "the room was left",
   Rejected: "the server refused the command",
 };
@@ -284,13 +286,11 @@ export class Room {
     this._keysUrl = options.keysUrl ?? `${httpBase(this._url)}/v1/keys`;
     this._getToken = options.getToken ?? (() => options.token);
     this._static = !options.getToken; // a token that cannot be renewed
-    this._refreshTimer = null;
     this._listeners = new Map(); // type → listeners (an array, replaced on change)
     this._pending = new Map(); // idempotency key → { resolve, reject }
     this._peers = new Map(); // peer id → { channel, listening }
-    this._keys = null; // Promise<Map<kid, CryptoKey>> | null
-    this._relayWarned = false;
-    this._closed = false;
+    // Set when first needed (undefined until then): _refreshTimer, _keys (a Promise<Map<kid,
+    // CryptoKey>>), _relayWarned, _closed.
     const [hi, lo] = crypto.getRandomValues(new Uint32Array(2));
     // The driver keeps these two for its life; after `close()` they no longer hold the room, so
     // a closed room the app lets go of is collected (the driver with it).

@@ -799,7 +799,7 @@ fn rejected(code: RejectCode) -> Outcome {
 }
 
 #[test]
-fn a_host_command_in_flight_is_decided_by_its_result_not_by_the_next_epoch() {
+fn a_host_command_sent_is_decided_by_its_result_not_by_the_next_epoch() {
     // A resign's own assignment comes before its result (the server answers after the item it
     // committed): the resign is accepted, not failed, and nothing is resynced.
     let mut v = live("a", "a", 2);
@@ -820,7 +820,7 @@ fn a_host_command_in_flight_is_decided_by_its_result_not_by_the_next_epoch() {
     );
     assert!(v.poll_transmit().is_none());
     // One the server refuses fails with its code; one never answered is not resent with a dead
-    // token: its timer fails it.
+    // token: its timer fails it, outcome unknown (it may have been committed before the epoch).
     let stale = |id: &IdempotencyKey| Event::CommandFailed {
         id: id.clone(),
         error: CommandError::StaleEpoch,
@@ -839,7 +839,21 @@ fn a_host_command_in_flight_is_decided_by_its_result_not_by_the_next_epoch() {
     v.handle_timeout(at(60_000));
     let (t, ev) = drain(&mut v);
     assert!(t.is_empty(), "{t:?}");
-    assert_eq!(ev, vec![stale(&unanswered)]);
+    let interrupted = |id: &IdempotencyKey| Event::CommandFailed {
+        id: id.clone(),
+        error: CommandError::Interrupted,
+    };
+    assert_eq!(ev, vec![interrupted(&unanswered)]);
+    // Sent, then the connection dropped, and the welcome brings a new epoch: outcome unknown too.
+    let mut v = live("a", "a", 2);
+    let cut = host_command(&mut v, 20).unwrap();
+    v.handle_disconnected(at(21));
+    v.handle_connected(at(22), Token::new("join-token"));
+    drain(&mut v);
+    let snap = snapshot(assignment(3, 3, Some("b")), vec![member("b", 2)], None);
+    let (_, ev) = server(&mut v, 23, welcome("a", snap, vec![]));
+    assert!(ev.contains(&interrupted(&cut)), "{ev:?}");
+    assert!(!ev.contains(&stale(&cut)), "{ev:?}");
     // One waiting to be sent again (rejected as retryable) dies with its epoch at once.
     let mut v = live("a", "a", 2);
     let key = host_command(&mut v, 20).unwrap();

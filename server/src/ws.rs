@@ -4,6 +4,7 @@
 //! capability → the room stream. A host session is probed every `ttl/3`; each echo renews the
 //! lease in the store and is answered by `lease_confirm` and a fresh host capability.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -40,6 +41,9 @@ type Commands = FuturesOrdered<Pin<Box<dyn Future<Output = ServerMsg> + Send>>>;
 
 /// How long a departing host's presence frame waits for its successor's assignment to go out.
 const PUBLISH_WAIT: Duration = Duration::from_millis(100);
+
+/// Probes whose echo still renews the lease (the client keeps as many echoes).
+const PROBES_KEPT: usize = 4;
 
 /// How long a command's result waits for its event to be published (see `Conn::answer`).
 const ANSWER_WAIT: Duration = Duration::from_millis(500);
@@ -326,8 +330,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         sink,
         host_epoch: None,
         host_ttl: app.cfg.lease_ms,
-        probe_nonce: None,
-        probe_sent: None,
+        probes: VecDeque::new(),
         next_probe: None,
         participant_refresh: Instant::now(),
         bucket: Bucket {
@@ -381,10 +384,10 @@ struct Conn {
     host_epoch: Option<Epoch>,
     /// The TTL of the current grant to this session (probe interval is a third of it).
     host_ttl: u64,
-    /// The outstanding probe's nonce, until its first echo.
-    probe_nonce: Option<u64>,
-    /// When the outstanding probe went out (for the round-trip histogram).
-    probe_sent: Option<Instant>,
+    /// The probes an echo may still answer, `(nonce, epoch, sent)`, oldest first: an echo can
+    /// take longer than the probe interval (a slow or busy client), and the client takes a
+    /// confirmation for any of its last four echoes. Each is spent by its first echo.
+    probes: VecDeque<(u64, Epoch, Instant)>,
     next_probe: Option<Instant>,
     participant_refresh: Instant,
     bucket: Bucket,
@@ -621,8 +624,10 @@ impl Conn {
             getrandom::fill(&mut b).expect("random source");
             u64::from_le_bytes(b) >> 11
         };
-        self.probe_nonce = Some(nonce);
-        self.probe_sent = Some(Instant::now());
+        if self.probes.len() == PROBES_KEPT {
+            self.probes.pop_front();
+        }
+        self.probes.push_back((nonce, epoch, Instant::now()));
         self.next_probe = Some(Instant::now() + Duration::from_millis((self.host_ttl / 3).max(1)));
         if self.send(&ServerMsg::LeaseProbe { nonce, epoch }).await {
             Flow::Continue
@@ -635,15 +640,18 @@ impl Conn {
         let Some(epoch) = self.host_epoch else {
             return Flow::Continue;
         };
-        // One renewal per probe: the nonce is spent by its first echo (a repeated echo would
-        // otherwise renew, and cost a store write, as often as a client cares to send it).
-        if self.probe_nonce != Some(nonce) {
+        // One renewal per probe: the nonce, and every older one, is spent by its first echo (a
+        // repeated echo would otherwise renew, and cost a store write, as often as a client
+        // cares to send it). A probe of an earlier grant renews nothing.
+        let Some(i) = self.probes.iter().position(|p| p.0 == nonce) else {
+            return Flow::Continue;
+        };
+        let (_, probed, sent) = self.probes[i];
+        self.probes.drain(..=i);
+        if probed != epoch {
             return Flow::Continue;
         }
-        self.probe_nonce = None;
-        if let Some(sent) = self.probe_sent.take() {
-            metrics::histogram!("hostlease_probe_rtt_seconds").record(sent.elapsed().as_secs_f64());
-        }
+        metrics::histogram!("hostlease_probe_rtt_seconds").record(sent.elapsed().as_secs_f64());
         match self
             .app
             .store
@@ -708,9 +716,6 @@ impl Conn {
         }
     }
 
-    /// Sends `first` and what else the room has already queued for this connection, up to
-    /// `BROADCAST_BATCH` frames, with one flush: a busy room costs a write per batch, not one
-    /// per frame. Order is kept (a probe sent on the way flushes what was queued before it).
     /// Sends a command's result after the event it committed: the client takes an accepted seq
     /// it has not seen on the stream for a lost event and resyncs. The result can be ready before
     /// the publisher has tailed the outbox, so it waits for that (at most `ANSWER_WAIT`; past it
@@ -744,6 +749,9 @@ impl Conn {
         Flow::Continue
     }
 
+    /// Sends `first` and what else the room has already queued for this connection, up to
+    /// `BROADCAST_BATCH` frames, with one flush: a busy room costs a write per batch, not one
+    /// per frame. Order is kept (a probe sent on the way flushes what was queued before it).
     async fn on_broadcasts(&mut self, first: Bcast, rx: &mut BroadcastStream<Bcast>) -> Flow {
         let mut next = Some(first);
         let mut sent = 0;
@@ -850,9 +858,12 @@ impl Conn {
             ClientMsg::Resume { cursor } => {
                 // A fresh subscription point is not needed: this socket is already subscribed
                 // and the snapshot is taken from the published state, so the stream continues
-                // right after it.
+                // right after it. A fresh participant token follows, as after a hello: a client
+                // whose token ran out (a sleep) resumes to get one.
                 let snapshot = self.app.snapshot(&self.room, None);
-                if self.welcome(snapshot, Some(cursor)).await && self.sink.flush().await.is_ok() {
+                if self.welcome(snapshot, Some(cursor)).await
+                    && self.send_participant_capability().await
+                {
                     Flow::Continue
                 } else {
                     Flow::End(false)
@@ -958,8 +969,10 @@ pub fn command(
                         metrics::counter!("hostlease_epoch_ahead_claims_total").increment(1);
                     }
                 }
-                if !done.replayed && matches!(done.outcome, Outcome::Accepted { .. }) {
-                    app.committed.notify_one(); // something new in the outbox
+                if matches!(done.outcome, Outcome::Accepted { .. }) {
+                    // Something new in the outbox; or, for a replay, something the first
+                    // attempt's connection may have dropped before it said so.
+                    app.committed.notify_one();
                 }
                 if let Some(a) = &done.assignment {
                     crate::rooms::log_reassign(old_host.as_ref(), &a.assignment, &correlation_id());

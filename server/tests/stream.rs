@@ -537,6 +537,57 @@ async fn a_probe_nonce_is_confirmed_once() {
     assert_eq!(confirms, 1, "one confirmation (one renewal) per probe");
 }
 
+/// A resume gets a fresh participant token after its welcome, as a hello does: the SDK resumes
+/// when its token ran out with votes waiting (a sleep), and would otherwise wait for the refresh.
+#[tokio::test]
+async fn a_resume_brings_a_fresh_participant_token() {
+    let srv = start(test_config()).await;
+    let t = join_token(&srv.app_key, "fresh", "bob", false);
+    let mut b = Raw::join(srv.addr, "fresh", &t, None).await;
+    ptoken(&mut b).await;
+    b.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+    b.until(welcome).await;
+    // The next refresh is minutes away (3/4 of the token's life): this one is the resume's.
+    ptoken(&mut b).await;
+}
+
+fn probe(m: &ServerMsg) -> Option<u64> {
+    match m {
+        ServerMsg::LeaseProbe { nonce, .. } => Some(*nonce),
+        _ => None,
+    }
+}
+
+/// An echo slower than the probe interval still renews (the server keeps its last few probes,
+/// as the client keeps its last few echoes); an older probe's echo after a newer one's does not.
+#[tokio::test]
+async fn an_echo_slower_than_the_probe_interval_still_renews() {
+    let srv = start(test_config()).await; // a probe every 500 ms
+    let mut a = srv.raw("slow", "alice", true).await;
+    let confirmed = |want: u64| {
+        move |m: &ServerMsg| match m {
+            ServerMsg::LeaseConfirm { nonce, .. } if *nonce == want => Some(()),
+            _ => None,
+        }
+    };
+    let first = a.until(probe).await;
+    let _second = a.until(probe).await; // the first is still unanswered a whole interval later
+    a.send(&ClientMsg::LeaseEcho { nonce: first }).await;
+    a.until(confirmed(first)).await;
+    let older = a.until(probe).await;
+    let newer = a.until(probe).await;
+    a.send(&ClientMsg::LeaseEcho { nonce: newer }).await;
+    a.until(confirmed(newer)).await;
+    a.send(&ClientMsg::LeaseEcho { nonce: older }).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1000);
+    while let Some(m) = a
+        .next(deadline.saturating_duration_since(tokio::time::Instant::now()))
+        .await
+    {
+        assert!(confirmed(older)(&m).is_none(), "a spent probe renewed");
+    }
+}
+
 /// A renewal's host token comes before its confirm: the client's lease is held from the confirm
 /// on, and it can act as host from that moment (the SDK's `lease: held` means authority).
 #[tokio::test]

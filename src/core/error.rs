@@ -83,7 +83,7 @@ impl fmt::Display for CommandError {
             CommandError::QueueFull => "too many commands queued or in flight",
             CommandError::Timeout => "no result from the server after every retry",
             CommandError::Interrupted => {
-                "the connection dropped before the result arrived; see the room's events"
+                "the result was lost (a drop or a new epoch); see the room's events"
             }
             CommandError::Closed => "the room was left",
             CommandError::Rejected(code) => code.as_str(),

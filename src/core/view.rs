@@ -1283,8 +1283,8 @@ impl HostView {
         let token = match c.kind {
             ActionKind::Host => {
                 if c.epoch != self.epoch() {
-                    let id = c.id.clone();
-                    self.fail(&id, CommandError::StaleEpoch);
+                    let id = c.id.clone(); // a resend: sent, never answered, outcome unknown
+                    self.fail(&id, CommandError::Interrupted);
                     return;
                 }
                 match self.host_gate_inner(now, is_relinquish(&c.action)) {
@@ -1447,12 +1447,13 @@ impl HostView {
 }
 
 impl PendingCommand {
-    /// A host command of an older epoch than `epoch`, not in flight. One in flight may be what
-    /// made the new epoch (a resign) or have been committed before it: its result, which the
-    /// server sends after the item it committed, tells.
+    /// A host command of an older epoch than `epoch` waiting to be sent again (it was refused as
+    /// retryable). One in flight may be what made the new epoch (a resign) or have been committed
+    /// before it: its result, which the server sends after the item it committed, tells; if none
+    /// comes (a timeout, or the connection dropped) it fails `Interrupted`, outcome unknown.
     fn dies_with(&self, epoch: Epoch) -> bool {
         self.kind == ActionKind::Host
             && self.epoch != Some(epoch)
-            && !matches!(self.state, CmdState::InFlight { .. })
+            && !matches!(self.state, CmdState::Unknown | CmdState::InFlight { .. })
     }
 }
