@@ -29,7 +29,9 @@ pub struct Config {
     pub max_rooms: usize,
     pub max_members: usize,
     pub max_connections: usize,
-    /// Per-connection message rate: sustained per second, and burst.
+    /// Per-connection command rate: sustained per second, and burst. A command past it is
+    /// refused `rate_limited` with a time to retry after; frames of any kind past four times it
+    /// close the connection (a flood).
     pub msg_rate: f64,
     pub msg_burst: f64,
     /// HTTP requests per second per client address, and burst.

@@ -139,15 +139,43 @@ fn decode_error_code(e: &DecodeError) -> ErrorCode {
     }
 }
 
-/// A token bucket for the per-connection message rate.
+/// A token bucket for a per-connection rate.
 struct Bucket {
     tokens: f64,
     rate: f64,
     burst: f64,
     at: Instant,
+    /// Refusals since a token was last taken (see `admit`).
+    refused: u32,
 }
 
+/// Frames of any kind beyond this many times the command rate (and burst) close the connection:
+/// a flood. Commands beyond the rate itself are refused one by one (`Bucket::admit`).
+const FLOOD_FACTOR: f64 = 4.0;
+
 impl Bucket {
+    fn new(rate: f64, burst: f64) -> Self {
+        Bucket {
+            tokens: burst,
+            rate,
+            burst,
+            at: Instant::now(),
+            refused: 0,
+        }
+    }
+
+    /// Takes a token, or says in how many milliseconds to try again: the k-th refusal in a row
+    /// is told about k tokens' time, so that a burst of refused commands comes back spread at the
+    /// rate instead of all at once.
+    fn admit(&mut self) -> Result<(), u64> {
+        if self.take() {
+            self.refused = 0;
+            return Ok(());
+        }
+        self.refused = self.refused.saturating_add(1);
+        Err((1000.0 * (f64::from(self.refused) - self.tokens) / self.rate).ceil() as u64)
+    }
+
     fn take(&mut self) -> bool {
         let now = Instant::now();
         self.tokens =
@@ -333,12 +361,11 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         probes: VecDeque::new(),
         next_probe: None,
         participant_refresh: Instant::now(),
-        bucket: Bucket {
-            tokens: app.cfg.msg_burst,
-            rate: app.cfg.msg_rate,
-            burst: app.cfg.msg_burst,
-            at: Instant::now(),
-        },
+        flood: Bucket::new(
+            app.cfg.msg_rate * FLOOD_FACTOR,
+            app.cfg.msg_burst * FLOOD_FACTOR,
+        ),
+        command_rate: Bucket::new(app.cfg.msg_rate, app.cfg.msg_burst),
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
     metrics::counter!("hostlease_connections_closed_total", "how" => if explicit { "left" } else { "dropped" })
@@ -390,7 +417,10 @@ struct Conn {
     probes: VecDeque<(u64, Epoch, Instant)>,
     next_probe: Option<Instant>,
     participant_refresh: Instant,
-    bucket: Bucket,
+    /// Every client frame: past it, the connection is closed `rate_limited`.
+    flood: Bucket,
+    /// Commands: past it, a command is refused `rate_limited` with a time to retry after.
+    command_rate: Bucket,
 }
 
 enum Flow {
@@ -808,9 +838,9 @@ impl Conn {
             Some(Ok(m)) => m,
             Some(Err(_)) | None => return Flow::End(false),
         };
-        // Every frame but the close counts against the message rate, control frames too: each
+        // Every frame but the close counts against the flood limit, control frames too: each
         // ping costs a pong, so a ping flood is a flood like any other.
-        if !self.bucket.take() {
+        if !self.flood.take() {
             close_with(
                 &mut self.sink,
                 ErrorCode::RateLimited,
@@ -887,6 +917,22 @@ impl Conn {
                 epoch,
                 capability,
             } => {
+                if let Err(ms) = self.command_rate.admit() {
+                    // Over the command rate: refused, retryable, in order with the answers
+                    // before it; the SDK backs off for at least `retry_after_ms`.
+                    metrics::counter!("hostlease_commands_total", "result" => RejectCode::RateLimited.as_str())
+                        .increment(1);
+                    let outcome = Outcome::Rejected {
+                        code: RejectCode::RateLimited,
+                        current: None,
+                        retry_after_ms: Some(ms),
+                    };
+                    commands.push_back(Box::pin(std::future::ready(ServerMsg::CommandResult {
+                        id,
+                        outcome,
+                    })));
+                    return Flow::Continue;
+                }
                 let outcome = command(
                     &self.app,
                     &self.room,

@@ -10,8 +10,8 @@ use common::*;
 use ed25519_dalek::{Signature, VerifyingKey};
 use hostlease::protocol::{
     codec::{signing_bytes, MAX_CLIENT_FRAME},
-    Action, ClientMsg, ErrorCode, IdempotencyKey, InboxPage, Item, KeySet, Outcome, Role, RoomId,
-    Seq, ServerMsg, Snapshot, Token,
+    Action, ClientMsg, ErrorCode, IdempotencyKey, InboxPage, Item, KeySet, Outcome, RejectCode,
+    Role, RoomId, Seq, ServerMsg, Snapshot, Token,
 };
 
 async fn ptoken(r: &mut Raw) -> Token {
@@ -617,6 +617,135 @@ async fn a_renewal_sends_the_host_token_before_the_confirm() {
             "round {round}: the confirm came before the host token"
         );
     }
+}
+
+/// Commands past the connection's rate are refused `rate_limited` with a time to retry after,
+/// spaced at the rate, and the connection stays open; the refused command goes through later.
+#[tokio::test]
+async fn commands_past_the_rate_are_refused_with_a_retry_time_not_closed() {
+    let srv = start(hostlease_server::Config {
+        msg_rate: 5.0,
+        msg_burst: 10.0,
+        ..test_config()
+    })
+    .await;
+    let mut b = srv.raw("burst", "bob", false).await;
+    let p = ptoken(&mut b).await;
+    let send = |i: usize| ClientMsg::Command {
+        id: IdempotencyKey::new(format!("b{i}")).unwrap(),
+        action: Action::new("vote").unwrap(),
+        payload: serde_json::json!({"id": i}).into(),
+        epoch: None,
+        capability: p.clone(),
+    };
+    for i in 0..25 {
+        b.send(&send(i)).await; // 25 frames: within the flood limit (4 × 10)
+    }
+    let mut outcomes = Vec::new();
+    while outcomes.len() < 25 {
+        outcomes.push(
+            b.until(|m| match m {
+                ServerMsg::CommandResult { id, outcome } => Some((id.clone(), outcome.clone())),
+                _ => None,
+            })
+            .await,
+        );
+    }
+    let accepted = outcomes
+        .iter()
+        .take_while(|(_, o)| matches!(o, Outcome::Accepted { .. }))
+        .count();
+    assert!((10..25).contains(&accepted), "{outcomes:?}");
+    let waits: Vec<u64> = outcomes[accepted..]
+        .iter()
+        .map(|(_, o)| match o {
+            Outcome::Rejected {
+                code: RejectCode::RateLimited,
+                retry_after_ms: Some(ms),
+                ..
+            } => *ms,
+            o => panic!("{o:?}"),
+        })
+        .collect();
+    assert!(waits.windows(2).all(|w| w[0] < w[1]), "{waits:?}");
+    assert!(
+        waits[0] <= 200,
+        "the first refused may come back within a token's time: {waits:?}"
+    );
+    // Still open: after its wait, the first refused command goes through.
+    tokio::time::sleep(Duration::from_millis(waits[0])).await;
+    b.send(&send(accepted)).await;
+    let want = outcomes[accepted].0.clone();
+    let again = b
+        .until(|m| match m {
+            ServerMsg::CommandResult { id, outcome } if *id == want => Some(outcome.clone()),
+            _ => None,
+        })
+        .await;
+    assert!(matches!(again, Outcome::Accepted { .. }), "{again:?}");
+}
+
+/// The SDK's core retries refused commands after the server's retry time: a burst past the
+/// rate (votes queued while offline, sent at once) all land, once each, on one connection.
+#[tokio::test]
+async fn an_sdk_burst_past_the_rate_lands_without_a_reconnect() {
+    let srv = start(hostlease_server::Config {
+        msg_rate: 20.0,
+        msg_burst: 10.0,
+        ..test_config()
+    })
+    .await;
+    let mut b = Sdk::join(
+        srv.addr,
+        "sdk-burst",
+        join_token(&srv.app_key, "sdk-burst", "bob", false),
+    )
+    .await;
+    b.pump_until("bob live", |s| {
+        s.view.phase() == hostlease::core::Phase::Live
+    })
+    .await;
+    b.pump_until("bob has a participant token", |_| true).await;
+    let now = b.now();
+    for i in 0..40 {
+        b.view
+            .command(
+                now,
+                Action::new("vote").unwrap(),
+                serde_json::json!({"i": i}).into(),
+                None,
+            )
+            .expect("queued");
+    }
+    b.flush().await;
+    let accepted = |s: &Sdk| {
+        s.events
+            .iter()
+            .filter(|e| matches!(e, hostlease::core::Event::CommandAccepted { .. }))
+            .count()
+    };
+    b.pump_until("all 40 accepted", |s| accepted(s) == 40).await;
+    let refused = srv.metrics().await;
+    assert!(
+        refused.contains(r#"result="rate_limited""#),
+        "the burst was not refused at all"
+    );
+    assert!(
+        !b.events.iter().any(
+            |e| matches!(e, hostlease::core::Event::CommandFailed { .. })
+                || *e == hostlease::core::Event::Phase(hostlease::core::Phase::Offline)
+        ),
+        "{:?}",
+        b.events
+    );
+    let votes = b
+        .events
+        .iter()
+        .filter(
+            |e| matches!(e, hostlease::core::Event::RoomEvent(ev) if ev.action.as_str() == "vote"),
+        )
+        .count();
+    assert_eq!(votes, 40);
 }
 
 /// Control frames count against the per-connection message rate: a ping flood is closed like
