@@ -48,6 +48,21 @@ const PROBES_KEPT: usize = 4;
 /// How long a command's result waits for its event to be published (see `Conn::answer`).
 const ANSWER_WAIT: Duration = Duration::from_millis(500);
 
+/// The replayed items' share of a welcome, in encoded bytes: a quarter of the client's 4 MiB
+/// frame limit, leaving room for a full snapshot (a larger log made every welcome too large to
+/// read, and the client dialled for ever). A client further behind gets the newest items that
+/// fit and a gap for the rest.
+const REPLAY_BYTES: usize = 1 << 20;
+
+/// An item's size as a frame of its own (within a few bytes of its share of a welcome).
+fn encoded_len(item: &Item) -> usize {
+    encode_server(&match item {
+        Item::Assignment(a) => ServerMsg::Assignment(a.clone()),
+        Item::Event(e) => ServerMsg::Event(e.clone()),
+    })
+    .len()
+}
+
 /// Broadcast frames written per flush at most.
 const BROADCAST_BATCH: usize = 64;
 
@@ -532,8 +547,8 @@ impl Conn {
     }
 
     /// The welcome for `hello`/`resume`: the snapshot, and the items after `resume` up to it
-    /// (bounded by `MAX_REPLAY`; older or trimmed ones are announced as a gap). Queued on the
-    /// sink; the caller flushes.
+    /// (the newest `MAX_REPLAY` within `REPLAY_BYTES`; older or trimmed ones are announced as a
+    /// gap). Queued on the sink; the caller flushes.
     async fn welcome(
         &mut self,
         mut snapshot: hostlease::protocol::Snapshot,
@@ -549,7 +564,17 @@ impl Conn {
                     .log_range(&self.room.id, cursor, snapshot.seq, MAX_REPLAY)
                     .await
                 {
-                    Ok((items, _min)) => {
+                    Ok((mut items, _min)) => {
+                        let mut bytes = 0;
+                        let fit = items
+                            .iter()
+                            .rev()
+                            .take_while(|i| {
+                                bytes += encoded_len(i);
+                                bytes <= REPLAY_BYTES
+                            })
+                            .count();
+                        items.drain(..items.len() - fit);
                         let first = items.first().map_or(snapshot.seq.next(), Item::seq);
                         if first > cursor.next() {
                             discontinuity = Some(Gap {

@@ -81,6 +81,65 @@ async fn a_command_result_follows_its_event_on_the_senders_connection() {
     }
 }
 
+/// A client far behind a room with a large log gets the newest items that fit a welcome's replay
+/// budget (1 MiB) and a gap for the rest, never a frame past its 4 MiB limit.
+#[tokio::test]
+async fn a_welcome_replays_at_most_its_byte_budget() {
+    let srv = start(test_config()).await;
+    let t = join_token(&srv.app_key, "big", "bob", false);
+    let mut b = Raw::join(srv.addr, "big", &t, None).await;
+    let p = ptoken(&mut b).await;
+    let blob = "x".repeat(55_000);
+    for i in 0..80 {
+        // 80 events of 55 KB: 4.4 MB of log, past the client's frame limit in one welcome.
+        let id = IdempotencyKey::new(format!("big{i}")).unwrap();
+        b.send(&ClientMsg::Command {
+            id: id.clone(),
+            action: Action::new("vote").unwrap(),
+            payload: serde_json::json!({ "blob": blob }).into(),
+            epoch: None,
+            capability: p.clone(),
+        })
+        .await;
+        let o = b
+            .until(|m| match m {
+                ServerMsg::CommandResult { id: got, outcome } if *got == id => {
+                    Some(outcome.clone())
+                }
+                _ => None,
+            })
+            .await;
+        assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+    }
+    let mut c = Raw::join(srv.addr, "big", &t, Some(0)).await;
+    let (snap, missed, gap) = c.until(welcome).await;
+    let bytes: usize = missed
+        .iter()
+        .map(|i| match i {
+            Item::Event(e) => {
+                hostlease::protocol::encode_server(&ServerMsg::Event(e.clone())).len()
+            }
+            Item::Assignment(a) => {
+                hostlease::protocol::encode_server(&ServerMsg::Assignment(a.clone())).len()
+            }
+        })
+        .sum();
+    assert!(
+        bytes <= 1 << 20 && bytes > (1 << 20) - 60_000,
+        "{bytes} bytes replayed"
+    );
+    let seqs: Vec<u64> = missed.iter().map(|i| i.seq().0).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    assert_eq!(seqs.last().copied(), Some(snap.seq.0));
+    assert_eq!(
+        gap,
+        Some(hostlease::protocol::Gap {
+            from: Seq(1),
+            to: Seq(seqs[0] - 1)
+        })
+    );
+}
+
 #[tokio::test]
 async fn resume_replays_missed_items_and_announces_a_gap() {
     let srv = start(test_config()).await;
