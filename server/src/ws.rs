@@ -277,8 +277,14 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         }
     };
     let (token, resume) = match decode_client(text.as_str()) {
-        Ok(ClientMsg::Hello { token, resume, .. }) => {
-            if resume.is_some() {
+        Ok(ClientMsg::Hello {
+            token,
+            resume,
+            epoch_seen,
+        }) => {
+            // A client that had a view before (the SDK also sends `resume` on its first hello,
+            // to replay the room's history).
+            if epoch_seen.is_some() {
                 metrics::counter!("hostlease_reconnects_total").increment(1);
             }
             (token, resume)

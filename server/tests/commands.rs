@@ -562,12 +562,18 @@ async fn probe_round_trips_reconnects_and_epoch_ahead_claims_are_measured() {
     let ahead = Epoch(g.epoch.0 + 5);
     let o = cmd(&mut a, "far", "poll.open", Some(ahead), &g.host).await;
     assert_eq!(rejected(&o).0, RejectCode::StaleEpoch);
-    let mut b = Raw::join(
-        srv.addr,
-        "obs",
-        &join_token(&srv.app_key, "obs", "bob", false),
-        Some(0),
-    )
+    // A reconnect: a hello from a client that had a view (a first hello with a resume cursor,
+    // as the SDK sends to replay the history, is not one).
+    let mut b = Raw {
+        ws: connect(srv.addr, "obs").await,
+        seen: vec![],
+        tokens: vec![],
+    };
+    b.send(&ClientMsg::Hello {
+        token: join_token(&srv.app_key, "obs", "bob", false),
+        resume: Some(hostlease::protocol::Seq(0)),
+        epoch_seen: Some(g.epoch),
+    })
     .await;
     b.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
         .await;
