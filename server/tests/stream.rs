@@ -807,7 +807,7 @@ async fn an_sdk_burst_past_the_rate_lands_without_a_reconnect() {
     assert_eq!(votes, 40);
 }
 
-/// Control frames count against the per-connection message rate: a ping flood is closed like
+/// Control frames count against the per-connection flood limit: a ping flood is closed like
 /// any other flood.
 #[tokio::test]
 async fn a_ping_flood_is_rate_limited() {
