@@ -17,7 +17,8 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use hostlease::core::elect;
 use hostlease::protocol::{
     codec::{
-        decode_client, decode_server, encode_server, MAX_CLIENT_FRAME, MAX_MEMBERS, MAX_REPLAY,
+        decode_client, decode_server, encode_body, encode_server, MAX_CLIENT_FRAME, MAX_MEMBERS,
+        MAX_REPLAY,
     },
     Action, ActionKind, ClientMsg, DecodeError, Epoch, ErrorCode, Gap, IdempotencyKey, Item, Json,
     Member, Outcome, ParticipantId, Reason, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId,
@@ -53,15 +54,6 @@ const ANSWER_WAIT: Duration = Duration::from_millis(500);
 /// read, and the client dialled for ever). A client further behind gets the newest items that
 /// fit and a gap for the rest.
 const REPLAY_BYTES: usize = 1 << 20;
-
-/// An item's size as a frame of its own (within a few bytes of its share of a welcome).
-fn encoded_len(item: &Item) -> usize {
-    encode_server(&match item {
-        Item::Assignment(a) => ServerMsg::Assignment(a.clone()),
-        Item::Event(e) => ServerMsg::Event(e.clone()),
-    })
-    .len()
-}
 
 /// Broadcast frames written per flush at most.
 const BROADCAST_BATCH: usize = 64;
@@ -576,7 +568,7 @@ impl Conn {
                             .iter()
                             .rev()
                             .take_while(|i| {
-                                bytes += encoded_len(i);
+                                bytes += encode_body(i).len(); // its share of `missed`
                                 bytes <= REPLAY_BYTES
                             })
                             .count();

@@ -115,14 +115,7 @@ async fn a_welcome_replays_at_most_its_byte_budget() {
     let (snap, missed, gap) = c.until(welcome).await;
     let bytes: usize = missed
         .iter()
-        .map(|i| match i {
-            Item::Event(e) => {
-                hostlease::protocol::encode_server(&ServerMsg::Event(e.clone())).len()
-            }
-            Item::Assignment(a) => {
-                hostlease::protocol::encode_server(&ServerMsg::Assignment(a.clone())).len()
-            }
-        })
+        .map(|i| hostlease::protocol::codec::encode_body(i).len())
         .sum();
     assert!(
         bytes <= 1 << 20 && bytes > (1 << 20) - 60_000,
