@@ -26,23 +26,30 @@ async fn ptoken(r: &mut Raw) -> Token {
     .await
 }
 
-async fn vote(r: &mut Raw, p: &Token, id: &str) -> Seq {
-    r.send(&ClientMsg::Command {
+fn vote_frame(p: &Token, id: &str, payload: serde_json::Value) -> ClientMsg {
+    ClientMsg::Command {
         id: IdempotencyKey::new(id).unwrap(),
         action: Action::new("vote").unwrap(),
-        payload: serde_json::json!({"id": id}).into(),
+        payload: payload.into(),
         epoch: None,
         capability: p.clone(),
-    })
-    .await;
+    }
+}
+
+/// Reads until the result of command `id`.
+async fn result_of(r: &mut Raw, id: &str) -> Outcome {
     let want = IdempotencyKey::new(id).unwrap();
-    match r
-        .until(|m| match m {
-            ServerMsg::CommandResult { id, outcome } if *id == want => Some(outcome.clone()),
-            _ => None,
-        })
-        .await
-    {
+    r.until(|m| match m {
+        ServerMsg::CommandResult { id, outcome } if *id == want => Some(outcome.clone()),
+        _ => None,
+    })
+    .await
+}
+
+async fn vote(r: &mut Raw, p: &Token, id: &str) -> Seq {
+    r.send(&vote_frame(p, id, serde_json::json!({"id": id})))
+        .await;
+    match result_of(r, id).await {
         Outcome::Accepted { seq } => seq,
         o => panic!("{o:?}"),
     }
@@ -92,23 +99,10 @@ async fn a_welcome_replays_at_most_its_byte_budget() {
     let blob = "x".repeat(55_000);
     for i in 0..80 {
         // 80 events of 55 KB: 4.4 MB of log, past the client's frame limit in one welcome.
-        let id = IdempotencyKey::new(format!("big{i}")).unwrap();
-        b.send(&ClientMsg::Command {
-            id: id.clone(),
-            action: Action::new("vote").unwrap(),
-            payload: serde_json::json!({ "blob": blob }).into(),
-            epoch: None,
-            capability: p.clone(),
-        })
-        .await;
-        let o = b
-            .until(|m| match m {
-                ServerMsg::CommandResult { id: got, outcome } if *got == id => {
-                    Some(outcome.clone())
-                }
-                _ => None,
-            })
+        let id = format!("big{i}");
+        b.send(&vote_frame(&p, &id, serde_json::json!({ "blob": blob })))
             .await;
+        let o = result_of(&mut b, &id).await;
         assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
     }
     let mut c = Raw::join(srv.addr, "big", &t, Some(0)).await;
@@ -683,13 +677,7 @@ async fn commands_past_the_rate_are_refused_with_a_retry_time_not_closed() {
     .await;
     let mut b = srv.raw("burst", "bob", false).await;
     let p = ptoken(&mut b).await;
-    let send = |i: usize| ClientMsg::Command {
-        id: IdempotencyKey::new(format!("b{i}")).unwrap(),
-        action: Action::new("vote").unwrap(),
-        payload: serde_json::json!({"id": i}).into(),
-        epoch: None,
-        capability: p.clone(),
-    };
+    let send = |i: usize| vote_frame(&p, &format!("b{i}"), serde_json::json!({"id": i}));
     for i in 0..25 {
         b.send(&send(i)).await; // 25 frames: within the flood limit (4 × 10)
     }
@@ -727,13 +715,7 @@ async fn commands_past_the_rate_are_refused_with_a_retry_time_not_closed() {
     // Still open: after its wait, the first refused command goes through.
     tokio::time::sleep(Duration::from_millis(waits[0])).await;
     b.send(&send(accepted)).await;
-    let want = outcomes[accepted].0.clone();
-    let again = b
-        .until(|m| match m {
-            ServerMsg::CommandResult { id, outcome } if *id == want => Some(outcome.clone()),
-            _ => None,
-        })
-        .await;
+    let again = result_of(&mut b, outcomes[accepted].0.as_str()).await;
     assert!(matches!(again, Outcome::Accepted { .. }), "{again:?}");
 }
 
