@@ -139,7 +139,7 @@ export type TokenResult = string | { token: string; expiresAt?: number };
 
 export interface ConnectOptions {
   /** The server's base URL (`wss://host`, or `https://host`, dialled as `wss://`; a path prefix
-   * is kept), or the room's full `/ws` URL. */
+   * is kept), or a room's full `/ws` URL (its base is used, for `room`). */
   url: string;
   room: string;
   /** A join token from your backend. If the server refuses it, the room closes. */

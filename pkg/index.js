@@ -108,12 +108,10 @@ function b64urlDecode(s) {
   return out;
 }
 
-function roomUrl(url, room) {
-  // An http(s):// base is dialled as ws(s):// (browsers before 2024 refuse http in WebSocket).
-  url = url.replace(/^http/, "ws");
-  if (/\/ws(\?|$)/.test(url)) return url;
-  return `${url.replace(/\/+$/, "")}/v1/rooms/${encodeURIComponent(room)}/ws`;
-}
+// The room's socket under the server's base: always `room`'s (a full `/ws` URL naming another
+// room is only a base); an http(s):// base is dialled as ws(s):// (browsers before 2024 refuse
+// http in WebSocket).
+const roomUrl = (url, room) => `${httpBase(url).replace(/^http/, "ws")}/v1/rooms/${encodeURIComponent(room)}/ws`;
 
 /** The HTTP base of a ws(s):// or http(s):// URL (its origin and any path prefix, without a
  * room's `/v1/rooms/{room}/ws`); anything else is a `BadArgument`. */
@@ -231,7 +229,7 @@ const TOKEN_WAIT_MS = 10_000;
 const EVENT_HEAD = '{"v":1,"t":"event",';
 // At most 3 UTF-8 bytes per UTF-16 unit: a frame this long is surely within the 4 MiB limit.
 const EVENT_MAX = (4 << 20) / 3;
-const ID = /^[\w.:@-]{1,128}$/;
+const ID = /^(?!\.\.?$)[\w.:@-]{1,128}$/;
 const id = (s) => typeof s === "string" && ID.test(s);
 /** The bytes the server signs for an assignment (README, "Signed assignments"): its fields, each
  * checked as the codec would so that no two assignments share them, or `null`. */
@@ -283,7 +281,7 @@ export class Room {
   constructor(options) {
     this.room = options.room;
     this._url = roomUrl(options.url, options.room);
-    this._keysUrl = options.keysUrl ?? `${httpBase(this._url)}/v1/keys`;
+    this._keysUrl = options.keysUrl ?? `${httpBase(options.url)}/v1/keys`;
     this._getToken = options.getToken ?? (() => options.token);
     this._static = !options.getToken; // a token that cannot be renewed
     this._listeners = new Map(); // type → listeners (an array, replaced on change)
@@ -296,7 +294,7 @@ export class Room {
     // a closed room the app lets go of is collected (the driver with it).
     const to = { room: this };
     this._release = () => (to.room = null);
-    this._driver = new Driver(this._url, (json) => to.room?._onEvents(json), hi, lo, (m) => to.room?._onMessage(m));
+    this._driver = new Driver(this._url, (json) => to.room?._onEvents(json), hi, lo, (m) => to.room?._onMessage(m), globalThis.window);
   }
 
   /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending. */

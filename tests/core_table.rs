@@ -375,7 +375,13 @@ fn the_local_lease_is_anchored_at_the_echo_send_time() {
     assert_eq!(v.poll_timeout(), Some(at(3720)));
     host_command(&mut v, 3000).unwrap();
     drain(&mut v);
-    // Past the deadline the host stops by itself, even before the timer fires.
+    // Past the deadline the host stops by itself, even before the timer fires, and says so.
+    assert_eq!(
+        v.lease_at(at(3719)),
+        LeaseState::Held { deadline: at(3720) }
+    );
+    assert_eq!(v.lease_at(at(3720)), LeaseState::Expired);
+    assert_eq!(v.lease(), LeaseState::Held { deadline: at(3720) });
     assert_eq!(host_command(&mut v, 3720), Err(CommandError::LeaseExpired));
     v.handle_timeout(at(3720));
     assert_eq!(v.lease(), LeaseState::Expired);

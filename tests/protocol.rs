@@ -337,7 +337,7 @@ fn the_largest_payload_fits_a_frame_with_the_longest_everything_else() {
 
 #[test]
 fn identifiers_are_validated_on_decode() {
-    for bad_room in ["", "has space", "new\nline", &"r".repeat(129)] {
+    for bad_room in ["", "has space", "new\nline", &"r".repeat(129), ".", ".."] {
         let text =
             serde_json::json!({"v":1,"t":"assignment","room":bad_room,"host":null,"session":null,
             "epoch":1,"seq":1,"lease_ms":1,"reason":"elected","issued_at":0})
@@ -351,6 +351,11 @@ fn identifiers_are_validated_on_decode() {
         ParticipantId::new("a b").unwrap_err().code(),
         "id_bad_character"
     );
+    // `.` and `..` would vanish from a URL path (`/v1/rooms/../ws`); other dotted names are fine.
+    assert_eq!(RoomId::new("..").unwrap_err().code(), "id_dots");
+    for fine in ["...", ".a", "a.", "a..b"] {
+        RoomId::new(fine).unwrap();
+    }
 }
 
 #[test]
@@ -374,9 +379,21 @@ fn protocol_rules_beyond_shape_are_enforced() {
     snap.current.assignment.room = RoomId::new("other").unwrap();
     let text = encode_server(&welcome("a", snap, vec![]));
     assert!(matches!(decode_server(&text), Err(DecodeError::Invalid(_))));
-    // Reversed discontinuity.
+    // Reversed discontinuity, alone or in a welcome.
     let text = r#"{"v":1,"t":"discontinuity","from":5,"to":4}"#;
     assert!(matches!(decode_server(text), Err(DecodeError::Invalid(_))));
+    let mut reversed = welcome("a", snapshot(assignment(1, 9, None), vec![], None), vec![]);
+    let ServerMsg::Welcome { discontinuity, .. } = &mut reversed else {
+        unreachable!()
+    };
+    *discontinuity = Some(Gap {
+        from: Seq(5),
+        to: Seq(4),
+    });
+    assert!(matches!(
+        decode_server(&encode_server(&reversed)),
+        Err(DecodeError::Invalid("discontinuity range is reversed"))
+    ));
     // Over-long display name.
     let mut m = member("a", 1);
     m.name = "n".repeat(65);

@@ -51,7 +51,7 @@ test("connect refuses what it cannot use, and a room refuses what JSON cannot ho
   }
   await assert.rejects(hl.fetchInbox({ url: "/relative", room: "r", token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
   // A room name the server would refuse the socket for (it would be retried for ever).
-  for (const room of ["Lunch room", "café", "", "r".repeat(129), "a/b"]) {
+  for (const room of ["Lunch room", "café", "", "r".repeat(129), "a/b", ".", ".."]) {
     await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room, token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument", room);
     await assert.rejects(hl.fetchInbox({ url: "ws://127.0.0.1:9", room, token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument", room);
   }
@@ -343,6 +343,13 @@ test("the join token is not on the room for a logger to print; bad arguments are
   const room = await hl.connect({ url: "http://127.0.0.1:9", room: "r", token: "secret-join-token" });
   try {
     assert.equal(NeverOpens.last, "ws://127.0.0.1:9/v1/rooms/r/ws", "an http URL is dialled as ws");
+    // A full `/ws` URL is a base for `room` (the keys and the inbox are read for `room` too).
+    for (const [url, dialled] of [["wss://h:8/pre/v1/rooms/other/ws", "wss://h:8/pre/v1/rooms/r/ws"],
+      ["https://h/pre//", "wss://h/pre/v1/rooms/r/ws"]]) {
+      const other = await hl.connect({ url, room: "r", token: "t" });
+      assert.equal(NeverOpens.last, dialled, url);
+      other.close();
+    }
     assert.ok(!inspect(room, { depth: 5, showHidden: true }).includes("secret-join-token"));
     assert.ok(!JSON.stringify(room, (k, v) => (typeof v === "bigint" ? String(v) : v)).includes("secret-join-token"));
     for (const [peer, channel] of [["p", null], ["p", {}], [7, { addEventListener() {} }]]) {

@@ -471,3 +471,28 @@ async fn a_request_dropped_by_its_client_releases_the_room() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// `.` and `..` are not room names: a URL parser removes them from a path (a browser, or the
+/// `url` crate, never sends them), so the server refuses them as it refuses any other bad
+/// identifier. Sent raw, as a client that does not normalise paths would.
+#[tokio::test]
+async fn dot_room_names_are_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let srv = start(test_config()).await;
+    for (room, code) in [("..", "id_dots"), (".", "id_dots"), ("...", "")] {
+        let mut tcp = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+        let req = format!(
+            "POST /v1/admin/rooms/{room}/close HTTP/1.1\r\nhost: x\r\n\
+             authorization: Bearer admin-secret\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        );
+        tcp.write_all(req.as_bytes()).await.unwrap();
+        let mut got = String::new();
+        tcp.read_to_string(&mut got).await.unwrap();
+        if code.is_empty() {
+            assert!(got.starts_with("HTTP/1.1 200"), "{room}: {got}");
+        } else {
+            assert!(got.starts_with("HTTP/1.1 400"), "{room}: {got}");
+            assert!(got.ends_with(code), "{room}: {got}");
+        }
+    }
+}

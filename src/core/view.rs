@@ -363,8 +363,17 @@ impl HostView {
     pub fn has_authority(&self, now: Instant) -> bool {
         self.host_gate(now.max(self.now)).is_ok()
     }
+    /// The lease as of the last input. See [`HostView::lease_at`] for a reading between inputs.
     pub fn lease(&self) -> LeaseState {
         self.lease
+    }
+    /// The lease as of `now`: one held past its deadline reads `Expired` before the timeout that
+    /// records it (and emits the `Lease` event) is handled, as [`HostView::has_authority`] does.
+    pub fn lease_at(&self, now: Instant) -> LeaseState {
+        match self.lease {
+            LeaseState::Held { deadline } if now.max(self.now) >= deadline => LeaseState::Expired,
+            lease => lease,
+        }
     }
     /// The provisional coordinator, shown while the server is unreachable. It has no authority.
     pub fn provisional(&self) -> Option<&ParticipantId> {

@@ -9,7 +9,9 @@ use core::fmt;
 
 use super::ids::MAX_TOKEN_LEN;
 use super::json::{self, line_column, FromJson, Reader, SyntaxError, ToJson};
-use super::messages::{Assignment, ClientMsg, Item, Member, ServerMsg, Snapshot, PROTOCOL_VERSION};
+use super::messages::{
+    Assignment, ClientMsg, Gap, Item, Member, ServerMsg, Snapshot, PROTOCOL_VERSION,
+};
 use super::wire;
 
 /// Largest client → server frame, in bytes.
@@ -222,9 +224,13 @@ pub fn validate_snapshot(s: &Snapshot) -> Result<(), DecodeError> {
 fn validate_server(msg: &ServerMsg) -> Result<(), DecodeError> {
     match msg {
         ServerMsg::Welcome {
-            snapshot, missed, ..
+            snapshot,
+            missed,
+            discontinuity,
+            ..
         } => {
             validate_snapshot(snapshot)?;
+            discontinuity.iter().try_for_each(validate_gap)?;
             check(missed.len() <= MAX_REPLAY, "too many replayed items")?;
             missed.iter().try_for_each(validate_item)
         }
@@ -248,12 +254,16 @@ fn validate_server(msg: &ServerMsg) -> Result<(), DecodeError> {
                 },
             ..
         } => validate_assignment(&a.assignment),
-        ServerMsg::Discontinuity(g) => check(g.from <= g.to, "discontinuity range is reversed"),
+        ServerMsg::Discontinuity(g) => validate_gap(g),
         ServerMsg::Error { message, .. } => {
             check(message.len() <= MAX_MESSAGE_LEN, "error message too long")
         }
         _ => Ok(()),
     }
+}
+
+fn validate_gap(g: &Gap) -> Result<(), DecodeError> {
+    check(g.from <= g.to, "discontinuity range is reversed")
 }
 
 fn validate_client(msg: &ClientMsg) -> Result<(), DecodeError> {

@@ -16,6 +16,8 @@ pub enum IdError {
     Empty,
     TooLong,
     BadCharacter,
+    /// `.` or `..`: a URL path segment that names no room (a browser's URL parser removes it).
+    Dots,
 }
 
 impl IdError {
@@ -24,6 +26,7 @@ impl IdError {
             IdError::Empty => "id_empty",
             IdError::TooLong => "id_too_long",
             IdError::BadCharacter => "id_bad_character",
+            IdError::Dots => "id_dots",
         }
     }
 }
@@ -34,6 +37,7 @@ impl fmt::Display for IdError {
             IdError::Empty => "identifier is empty",
             IdError::TooLong => "identifier is longer than 128 bytes",
             IdError::BadCharacter => "identifier may contain only A-Z a-z 0-9 and - _ . : @",
+            IdError::Dots => "identifier may not be . or ..",
         })
     }
 }
@@ -52,6 +56,9 @@ fn validate_id(s: &str) -> Result<(), IdError> {
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@'))
     {
         return Err(IdError::BadCharacter);
+    }
+    if s.len() < 3 && s.bytes().all(|b| b == b'.') {
+        return Err(IdError::Dots);
     }
     Ok(())
 }

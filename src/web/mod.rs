@@ -41,18 +41,6 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 #[global_allocator]
 static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
 
-#[wasm_bindgen]
-extern "C" {
-    #[wasm_bindgen(thread_local_v2, js_name = window)]
-    static WINDOW: Option<web_sys::Window>;
-}
-
-/// The page's `window`; `None` in a worker or in Node. One accessor, where `web_sys::window()`
-/// tries four globals and then an `instanceof` (about 400 bytes of the bundle).
-fn dom_window() -> Option<web_sys::Window> {
-    WINDOW.with(Option::clone)
-}
-
 /// A command payload or signalling body (JSON text), if it is JSON and leaves room in its frame
 /// for the rest (`MAX_CLIENT_PAYLOAD`).
 fn body(text: &str) -> Option<Json> {
@@ -83,8 +71,8 @@ struct Clock {
 }
 
 impl Clock {
-    fn new() -> Self {
-        let performance = dom_window().and_then(|w| w.performance());
+    fn new(window: Option<&web_sys::Window>) -> Self {
+        let performance = window.and_then(|w| w.performance());
         let last_perf = performance
             .as_ref()
             .map_or_else(js_sys::Date::now, |p| p.now());
@@ -175,6 +163,8 @@ struct State {
     out: Writer,
     closed: bool,
     lifecycle: Vec<Listener>,
+    /// The page's `window` (`None` in a worker or in Node: no timers, no lifecycle hooks).
+    window: Option<web_sys::Window>,
 }
 
 /// What the wrapper receives, one JSON object per event: `{"type": "<snake_case name>", ...}`.
@@ -438,8 +428,7 @@ impl State {
         if next == self.timer_at && (next.is_none() || self.timer.is_some()) {
             return;
         }
-        // Only now: `dom_window()` is a call into JS, and most steps leave the timer alone.
-        let Some(window) = dom_window() else {
+        let Some(window) = &self.window else {
             return;
         };
         if let Some(t) = self.timer.take() {
@@ -539,7 +528,7 @@ impl State {
     }
 
     fn hook_lifecycle(&mut self, weak: &Weak<RefCell<State>>) {
-        let Some(window) = dom_window() else {
+        let Some(window) = &self.window else {
             return;
         };
         let targets: Vec<(web_sys::EventTarget, &'static str)> = {
@@ -560,7 +549,10 @@ impl State {
                 // Becoming hidden changes nothing yet; coming back (and `pageshow`, `online`,
                 // `offline`) means timers were throttled or frozen: the lease cannot be trusted.
                 if name == "visibilitychange"
-                    && dom_window()
+                    && rc
+                        .borrow()
+                        .window
+                        .as_ref()
                         .and_then(|w| w.document())
                         .is_some_and(|d| d.hidden())
                 {
@@ -620,7 +612,7 @@ pub struct Driver {
 
 #[wasm_bindgen]
 impl Driver {
-    /// `url`: the room's WebSocket URL (no token in it). `emit(eventsJson)` receives every step's events. `seed`: 64 random bits for jitter and idempotency keys (from `crypto`). `onMessage`: the wrapper's handler for every socket's messages, which gives each frame to `eventSeq` or `handleFrame`.
+    /// `url`: the room's WebSocket URL (no token in it). `emit(eventsJson)` receives every step's events. `seed`: 64 random bits for jitter and idempotency keys (from `crypto`). `onMessage`: the wrapper's handler for every socket's messages, which gives each frame to `eventSeq` or `handleFrame`. `window`: the page's `window`, or `undefined` in a worker or Node (then no timers and no page lifecycle hooks).
     #[wasm_bindgen(constructor)]
     pub fn new(
         url: String,
@@ -628,6 +620,7 @@ impl Driver {
         seed_hi: u32,
         seed_lo: u32,
         on_message: js_sys::Function,
+        window: Option<web_sys::Window>,
     ) -> Driver {
         let seed = (u64::from(seed_hi) << 32) | u64::from(seed_lo);
         let config = Config {
@@ -652,10 +645,11 @@ impl Driver {
             attempt: 0,
             reconnect_at: None,
             rng: SplitMix64::new(seed ^ 0xA5A5_A5A5_A5A5_A5A5),
-            clock: Clock::new(),
+            clock: Clock::new(window.as_ref()),
             out: Writer::new(),
             closed: false,
             lifecycle: Vec::new(),
+            window,
         };
         let inner = Rc::new(RefCell::new(state));
         let weak = Rc::downgrade(&inner);
@@ -773,7 +767,7 @@ impl Driver {
         w.field("session", &v.session());
         w.field("amHost", &v.has_authority(now));
         w.field("namedHost", &v.is_named_host());
-        w.field("lease", v.lease().as_str());
+        w.field("lease", v.lease_at(now).as_str());
         w.field("provisional", &v.provisional());
         w.field("members", v.members());
         w.field("cursor", &v.cursor());
@@ -903,7 +897,7 @@ mod tests {
 
     #[wasm_bindgen_test]
     fn real_clock_is_monotonic() {
-        let mut c = Clock::new();
+        let mut c = Clock::new(web_sys::window().as_ref());
         let a = c.now();
         let b = c.now();
         assert!(b >= a);
@@ -945,7 +939,14 @@ mod tests {
     async fn an_unreachable_server_goes_offline_and_the_supervisor_asks_for_a_token() {
         let (emit, seen) = collector();
         // Port 9 on loopback: nothing listens, the socket fails at once.
-        let d = Driver::new("ws://127.0.0.1:9/v1/rooms/r/ws".into(), emit, 1, 2, noop());
+        let d = Driver::new(
+            "ws://127.0.0.1:9/v1/rooms/r/ws".into(),
+            emit,
+            1,
+            2,
+            noop(),
+            web_sys::window(),
+        );
         d.connect("join-token".into()).unwrap();
         for _ in 0..100 {
             if has(&seen.borrow(), "token_needed", "", "") {
@@ -1004,7 +1005,14 @@ mod tests {
                 r#"{{"v":1,"t":"event","seq":{seq},"epoch":1,"actor":"p1","action":"vote","payload":{{"option":{seq}}},"at":{seq}}}"#
             )
         };
-        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 1, noop());
+        let d = Driver::new(
+            "ws://127.0.0.1:9/ws".into(),
+            emit,
+            0,
+            1,
+            noop(),
+            web_sys::window(),
+        );
         d.simulate_connected();
         assert!(!d.event_seq(1.0), "not live before the welcome");
         d.handle_frame(&welcome(0));
@@ -1045,7 +1053,14 @@ mod tests {
             Action, IdempotencyKey, Outcome, RejectCode, Role, ServerMsg, Token,
         };
         let (emit, seen) = collector();
-        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 3, noop());
+        let d = Driver::new(
+            "ws://127.0.0.1:9/ws".into(),
+            emit,
+            0,
+            3,
+            noop(),
+            web_sys::window(),
+        );
         d.simulate_connected();
         d.handle_frame(
             r#"{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{"room":"r","current":{"room":"r","host":null,"session":null,"epoch":0,"seq":0,"lease_ms":5000,"reason":"elected","issued_at":0},"members":[],"seq":0,"server_time":0,"actions":{"host":[],"participant":["vote"]}}}"#,
@@ -1087,7 +1102,14 @@ mod tests {
     #[wasm_bindgen_test]
     fn errors_are_codes_for_the_wrapper() {
         let (emit, _) = collector();
-        let d = Driver::new("ws://127.0.0.1:9/ws".into(), emit, 0, 7, noop());
+        let d = Driver::new(
+            "ws://127.0.0.1:9/ws".into(),
+            emit,
+            0,
+            7,
+            noop(),
+            web_sys::window(),
+        );
         let code = |r: Result<String, JsValue>| r.unwrap_err().as_string().unwrap();
         // No table yet: it waits for the server's (see core_table's
         // commands_made_before_the_first_snapshot_are_classified_when_the_table_comes).
