@@ -288,7 +288,7 @@ export class Room {
     this._pending = new Map(); // idempotency key → { resolve, reject }
     this._peers = new Map(); // peer id → { channel, listening }
     // Set when first needed (undefined until then): _refreshTimer, _keys (a Promise<Map<kid,
-    // CryptoKey>>), _relayWarned, _closed.
+    // CryptoKey>>), _keysAt (when they were asked for), _relayWarned, _closed.
     const [hi, lo] = crypto.getRandomValues(new Uint32Array(2));
     // The driver keeps these two for its life; after `close()` they no longer hold the room, so
     // a closed room the app lets go of is collected (the driver with it).
@@ -617,6 +617,7 @@ export class Room {
 
   _loadKeys() {
     if (!this._keys) {
+      this._keysAt = Date.now();
       this._keys = (async () => {
         const res = await fetchWithRetry(this._keysUrl);
         if (!res.ok) throw new Error(`keys: HTTP ${res.status}`);
@@ -651,7 +652,13 @@ export class Room {
       }
       return report(false, "unsupported");
     }
-    const key = keys.get(signed.kid);
+    let key = keys.get(signed.kid);
+    if (!key && Date.now() - this._keysAt > 60_000) {
+      // A key the server published since (a restart with a new key): fetched again, at most once
+      // a minute (a peer cannot make every relay cost a request).
+      this._keys = null;
+      key = await this._loadKeys().then((k) => k.get(signed.kid), () => {});
+    }
     const bytes = signingBytes(signed);
     let ok = false;
     if (key && bytes) {

@@ -362,3 +362,44 @@ test("the join token is not on the room for a logger to print; bad arguments are
     await assert.rejects(hl.fetchInbox(bad), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
   }
 });
+
+test("a relay signed with a key published since the keys were read is verified after a refetch, at most once a minute", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const http = await import("node:http");
+  const { subtle } = globalThis.crypto;
+  const pair = () => subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
+  const [k1, k2] = [await pair(), await pair()];
+  const b64url = (buf) => Buffer.from(buf).toString("base64url");
+  const published = [["k1", k1]];
+  let fetches = 0;
+  const server = http.createServer(async (req, res) => {
+    fetches++;
+    const keys = await Promise.all(published.map(async ([kid, k]) =>
+      ({ kid, alg: "Ed25519", x: b64url(await subtle.exportKey("raw", k.publicKey)) })));
+    res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys }));
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
+  const reasons = [];
+  room.on("relay", (r) => reasons.push(r.reason));
+  const relay = async (kid, key) => {
+    const a = { room: "r", host: "p", session: "s", epoch: 1, seq: 1, lease_ms: 1000, reason: "elected", issued_at: 0, kid };
+    const bytes = new TextEncoder().encode(["hostlease/v1/assignment", a.room, a.host, a.session, a.epoch, a.seq, a.lease_ms, a.reason, a.issued_at].join("\n"));
+    await room._onRelay("peer", { ...a, sig: b64url(await subtle.sign({ name: "Ed25519" }, key.privateKey, bytes)) });
+  };
+  const realNow = Date.now;
+  try {
+    await relay("k1", k1); // verified; before a first snapshot it is not adopted: "stale"
+    published.push(["k2", k2]); // the server's new key
+    await relay("k2", k2); // within a minute of the read: not fetched again
+    Date.now = () => realNow() + 61_000;
+    await relay("k2", k2); // fetched again, verified
+    await relay("k9", k2); // just fetched: not again
+  } finally {
+    Date.now = realNow;
+    room.close();
+    server.close();
+  }
+  assert.deepEqual(reasons, ["stale", "forged", "stale", "forged"]);
+  assert.equal(fetches, 2);
+});
