@@ -403,3 +403,22 @@ test("a relay signed with a key published since the keys were read is verified a
   assert.deepEqual(reasons, ["stale", "forged", "stale", "forged"]);
   assert.equal(fetches, 2);
 });
+
+test("an assignment whose reason this SDK does not know is not relayed (the copy would not verify)", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const ws = NeverOpens.instance;
+  const relayed = [];
+  const channel = Object.assign(new EventTarget(), { readyState: "open", send: (m) => relayed.push(JSON.parse(m).assignment.reason) });
+  room.attachPeer("p2", channel);
+  ws.readyState = 1;
+  ws.onopen?.({});
+  const signed = (epoch, reason) =>
+    ({ room: "r", host: "p2", session: "p2-s", epoch, seq: epoch, lease_ms: 5000, reason, issued_at: 0, kid: "k1", sig: "c2lnbmF0dXJl" });
+  ws.onmessage({ data: JSON.stringify({ v: 1, t: "welcome", you: "me", session: "me-s", missed: [],
+    snapshot: { room: "r", current: signed(1, "elected"), members: [], seq: 1, server_time: 0, actions: { host: [], participant: ["vote"] } } }) });
+  ws.onmessage({ data: JSON.stringify({ v: 1, t: "assignment", ...signed(2, "a_reason_from_a_newer_server") }) });
+  ws.onmessage({ data: JSON.stringify({ v: 1, t: "assignment", ...signed(3, "resigned") }) });
+  assert.equal(room.view.epoch, 3);
+  room.close();
+  assert.deepEqual(relayed, ["elected", "resigned"]);
+});
