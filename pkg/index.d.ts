@@ -139,7 +139,8 @@ export type TokenResult = string | { token: string; expiresAt?: number };
 
 export interface ConnectOptions {
   /** The server's base URL (`wss://host`, or `https://host`, dialled as `wss://`; a path prefix
-   * is kept), or a room's full `/ws` URL (its base is used, for `room`). */
+   * is kept), or a room's full `/ws` URL (its origin and path prefix are used, for `room`; no
+   * query is kept). */
   url: string;
   room: string;
   /** A join token from your backend. If the server refuses it, the room closes. */

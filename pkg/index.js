@@ -617,9 +617,12 @@ export class Room {
     }
   }
 
-  _loadKeys() {
-    if (!this._keys) {
-      this._keysAt = Date.now();
+  /** The server's keys, a Promise<Map<kid, CryptoKey>>: read once, and read again for a relay
+   * whose kid `known` (the map read before) lacks, at most once a minute (a peer cannot make
+   * every relay cost a request), keeping `known` when that read fails. */
+  _loadKeys(known) {
+    if (!this._keys || (known && performance.now() - this._keysAt > 60_000)) {
+      this._keysAt = performance.now();
       this._keys = (async () => {
         const res = await fetchWithRetry(this._keysUrl);
         if (!res.ok) throw new Error(`keys: HTTP ${res.status}`);
@@ -631,9 +634,9 @@ export class Room {
         }
         return keys;
       })();
-      // After a failure, relays wait a minute before the keys are fetched again (a peer cannot
-      // make every relay cost a request).
-      this._keys.catch(() => setTimeout(() => (this._keys = null), 60_000));
+      // After a first read fails, relays wait a minute before the keys are read again.
+      if (known) this._keys = this._keys.catch(() => known);
+      else this._keys.catch(() => setTimeout(() => (this._keys = null), 60_000));
     }
     return this._keys;
   }
@@ -654,13 +657,9 @@ export class Room {
       }
       return report(false, "unsupported");
     }
-    let key = keys.get(signed.kid);
-    if (!key && Date.now() - this._keysAt > 60_000) {
-      // A key the server published since (a restart with a new key): fetched again, at most once
-      // a minute (a peer cannot make every relay cost a request).
-      this._keys = null;
-      key = await this._loadKeys().then((k) => k.get(signed.kid), () => {});
-    }
+    // A key the server published since (restarted with a new key)? Its keys are read again (or
+    // a read under way for another relay is waited for).
+    const key = keys.get(signed.kid) ?? (await this._loadKeys(keys)).get(signed.kid);
     const bytes = signingBytes(signed);
     let ok = false;
     if (key && bytes) {

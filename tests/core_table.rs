@@ -1214,6 +1214,30 @@ fn an_unanswered_hello_or_resume_stalls_the_connection() {
     );
 }
 
+/// After a stall, each next hello waits twice as long for its welcome (5, 10, 20, 20 s): a
+/// server slow to answer a reconnect storm is not dialled again and again. A welcome resets it.
+#[test]
+fn after_a_stall_the_next_hello_waits_longer() {
+    let mut v = connected("b");
+    let mut t0 = 0;
+    for wait in [5_000, 10_000, 20_000, 20_000] {
+        assert_eq!(v.poll_timeout(), Some(at(t0 + wait)), "wait {wait}");
+        v.handle_timeout(at(t0 + wait - 1));
+        assert_eq!(drain(&mut v).1, vec![]);
+        v.handle_timeout(at(t0 + wait));
+        assert_eq!(drain(&mut v).1, vec![Event::Stalled]);
+        t0 += wait + 1_000;
+        v.handle_disconnected(at(t0));
+        v.handle_connected(at(t0), Token::new("join-token"));
+        drain(&mut v);
+    }
+    let snap = snapshot(assignment(2, 2, Some("a")), vec![], None);
+    server(&mut v, t0 + 10, welcome("b", snap, vec![]));
+    v.handle_disconnected(at(t0 + 20));
+    v.handle_connected(at(t0 + 20), Token::new("join-token"));
+    assert_eq!(v.poll_timeout(), Some(at(t0 + 5_020)));
+}
+
 /// Two resumes in flight, one welcome back, then another resume: the second welcome answers the
 /// second resume, built before the third was sent, so its lease time stays anchored on the
 /// first resume's send time (the oldest unanswered), never on the third's.

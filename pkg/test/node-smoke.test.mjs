@@ -387,20 +387,27 @@ test("a relay signed with a key published since the keys were read is verified a
     const bytes = new TextEncoder().encode(["hostlease/v1/assignment", a.room, a.host, a.session, a.epoch, a.seq, a.lease_ms, a.reason, a.issued_at].join("\n"));
     await room._onRelay("peer", { ...a, sig: b64url(await subtle.sign({ name: "Ed25519" }, key.privateKey, bytes)) });
   };
-  const realNow = Date.now;
+  const realNow = performance.now.bind(performance);
+  let ahead = 0;
+  performance.now = () => realNow() + ahead;
   try {
     await relay("k1", k1); // verified; before a first snapshot it is not adopted: "stale"
     published.push(["k2", k2]); // the server's new key
-    await relay("k2", k2); // within a minute of the read: not fetched again
-    Date.now = () => realNow() + 61_000;
-    await relay("k2", k2); // fetched again, verified
-    await relay("k9", k2); // just fetched: not again
+    await relay("k2", k2); // within a minute of the read: not read again
+    ahead = 61_000;
+    await Promise.all([relay("k2", k2), relay("k2", k2)]); // read again (once), both verified
+    await relay("k9", k2); // just read: not again
+    ahead = 122_000;
+    server.closeAllConnections();
+    server.close(); // the next read fails: the keys read before still verify
+    await relay("k9", k2);
+    await relay("k1", k1);
   } finally {
-    Date.now = realNow;
+    performance.now = realNow;
     room.close();
     server.close();
   }
-  assert.deepEqual(reasons, ["stale", "forged", "stale", "forged"]);
+  assert.deepEqual(reasons, ["stale", "forged", "stale", "stale", "forged", "forged", "stale"]);
   assert.equal(fetches, 2);
 });
 

@@ -272,6 +272,10 @@ pub struct HostView {
     awaiting_welcome: bool,
     /// Awaiting a welcome: `Stalled` if none came by then; else resync for a missing grant.
     resync_retry_at: Option<Instant>,
+    /// Connections given up since the last welcome (`Stalled`): each next hello waits twice as
+    /// long (up to 4×), so that a server slowed by a reconnect storm is not dialled again and
+    /// again by clients whose welcome was merely late.
+    stalls: u8,
     members: Vec<Member>,
     actions: ActionTable,
     /// Sorted, no duplicates. (This and `buffer` are sorted vectors rather than B-trees: the two
@@ -311,6 +315,7 @@ impl HostView {
             resume_asked: None,
             resync_sent_at: Instant::ZERO,
             unanswered: 0,
+            stalls: 0,
             awaiting_welcome: false,
             resync_retry_at: None,
             members: Vec::new(),
@@ -465,7 +470,13 @@ impl HostView {
         self.resync_sent_at = now;
         self.unanswered = 1;
         self.awaiting_welcome = true;
-        self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
+        self.resync_retry_at = Some(
+            now.add_ms(
+                self.config
+                    .command_timeout_ms
+                    .saturating_mul(1 << self.stalls),
+            ),
+        );
         self.transmits.push_back(ClientMsg::Hello {
             token: join_token,
             resume,
@@ -568,6 +579,7 @@ impl HostView {
                 // or a network change, which may never report a close). Start over: the driver
                 // drops it and dials again.
                 self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
+                self.stalls = (self.stalls + 1).min(2);
                 self.events.push_back(Event::Stalled);
             } else if self.needs_participant_grant() {
                 self.request_resync(now, true);
@@ -755,6 +767,7 @@ impl HostView {
         self.awaiting_welcome = false;
         self.unanswered = self.unanswered.saturating_sub(1);
         self.resync_retry_at = None;
+        self.stalls = 0;
         self.me = Some(you);
         self.session = Some(session);
 

@@ -981,6 +981,31 @@ mod tests {
         assert_eq!(view["phase"], "closed");
     }
 
+    /// `view().lease` reads `expired` once the deadline has passed, before the timer that
+    /// records it has run (here: a busy wait in one task, which no timer can interrupt).
+    #[wasm_bindgen_test]
+    fn the_view_reads_an_expired_lease_before_the_timer_runs() {
+        let d = Driver::new(
+            "ws://127.0.0.1:9/ws".into(),
+            noop(),
+            0,
+            5,
+            noop(),
+            web_sys::window(),
+        );
+        d.simulate_connected();
+        // This session is the host with 600 ms of lease left: held for 600·0.99 − 250 ms.
+        d.handle_frame(r#"{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{"room":"r","current":{"room":"r","host":"me","session":"me-s","epoch":1,"seq":1,"lease_ms":600,"reason":"elected","issued_at":0},"members":[],"seq":1,"server_time":0,"lease_remaining_ms":600,"actions":{"host":[],"participant":["vote"]}}}"#);
+        let lease = || -> String {
+            let view: serde_json::Value = serde_json::from_str(&d.view()).unwrap();
+            view["lease"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(lease(), "held");
+        let until = js_sys::Date::now() + 500.0;
+        while js_sys::Date::now() < until {}
+        assert_eq!(lease(), "expired");
+    }
+
     /// An event told by its seq is applied when it is the next one of a live view, and then
     /// nothing goes to `emit` (the wrapper delivers it); otherwise nothing changes, and the
     /// frame's text takes the codec's path: a gap resyncs, the welcome releases the buffered
