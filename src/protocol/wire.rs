@@ -258,8 +258,10 @@ named!(ActionKind, other: None, [Host, Participant]);
 
 /// The fields of one object shape, each an `Option` filled at most once.
 trait Slots {
-    /// Reads the value of `key` when it is one of these fields (`Ok(false)`: it is not).
-    fn take(&mut self, r: &mut Reader<'_>, key: &str) -> Result<bool>;
+    /// The fields' keys, in declaration order.
+    fn keys(&self) -> &'static [&'static str];
+    /// Reads the value of field `i` (an index into `keys()`).
+    fn take(&mut self, r: &mut Reader<'_>, i: usize) -> Result<()>;
 }
 
 fn set<T: FromJson>(slot: &mut Option<T>, r: &mut Reader<'_>) -> Result<()> {
@@ -270,7 +272,8 @@ fn set<T: FromJson>(slot: &mut Option<T>, r: &mut Reader<'_>) -> Result<()> {
     Ok(())
 }
 
-/// Declares a [`Slots`] struct: one `Option` per field, named as its key.
+/// A struct of `Option` slots named like the object's keys. Each `take` is a chain of index
+/// compares; the key is matched against the names once, in `fill`, for every shape.
 macro_rules! slots {
     ($name:ident { $($f:ident: $t:ty),* $(,)? }) => {
         #[derive(Default)]
@@ -279,13 +282,17 @@ macro_rules! slots {
         }
 
         impl Slots for $name {
-            #[allow(unused_variables)]
-            fn take(&mut self, r: &mut Reader<'_>, key: &str) -> Result<bool> {
-                $(if key == stringify!($f) {
-                    set(&mut self.$f, r)?;
-                    return Ok(true);
-                })*
-                Ok(false)
+            fn keys(&self) -> &'static [&'static str] {
+                &[$(stringify!($f)),*]
+            }
+            #[allow(unused_mut, unused_assignments)]
+            fn take(&mut self, r: &mut Reader<'_>, mut i: usize) -> Result<()> {
+                $(if i == 0 {
+                    return set(&mut self.$f, r);
+                }
+                i -= 1;)*
+                let _ = i;
+                r.error()
             }
         }
     };
@@ -302,6 +309,7 @@ fn fields<S: Slots + Default>(r: &mut Reader<'_>, tags: &[&str]) -> Result<S> {
 /// [`fields`] without the type parameter, so that the loop exists once in the wasm.
 fn fill(r: &mut Reader<'_>, tags: &[&str], s: &mut dyn Slots) -> Result<()> {
     let mut seen = [false; 3];
+    let keys = s.keys();
     r.object(|r, key| {
         if let Some(i) = tags.iter().position(|t| *t == key) {
             if seen[i] {
@@ -310,10 +318,10 @@ fn fill(r: &mut Reader<'_>, tags: &[&str], s: &mut dyn Slots) -> Result<()> {
             seen[i] = true;
             return r.skip().map(drop);
         }
-        if !s.take(r, key)? {
-            r.skip()?;
+        match keys.iter().position(|k| *k == key) {
+            Some(i) => s.take(r, i),
+            None => r.skip().map(drop),
         }
-        Ok(())
     })
 }
 
