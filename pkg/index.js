@@ -489,7 +489,8 @@ export class Room {
   // next one the listeners get this object. Any other frame, an event refused by the checks or
   // by the core (out of order, not live), and a frame too long to be sure of its size go to the
   // driver as text: the Rust codec decodes it with its limits and reports what is wrong.
-  _onMessage({ data }) {
+  _onMessage({ data, target }) {
+    this._socket = target; // for the test hook `_rawSend`
     if (typeof data !== "string") return; // binary frames are not part of the protocol
     if (data.length <= EVENT_MAX && data.startsWith(EVENT_HEAD)) {
       let m;
@@ -503,6 +504,13 @@ export class Room {
       }
     }
     this._driver.handleFrame(data);
+  }
+
+  /** Test hook: sends `text` as is on the socket the last frame came in on, bypassing every
+   * check of the SDK. Whether it was sent. */
+  _rawSend(text) {
+    const s = this._socket;
+    return s?.readyState === 1 && (s.send(text), true);
   }
 
   // A step's events, as the driver's JSON array.

@@ -373,7 +373,7 @@ test("a deposed host cut off past its lease, then back with its old token: its c
   // Sent raw, around the SDK, with the host token she held and its epoch: the server refuses it.
   assert.ok(a.hostCap, "alice held a host token");
   const rawId = `raw-${Date.now()}`;
-  const sent = await a.page.evaluate((frame) => window.demo.room._driver.rawSend(JSON.stringify(frame)),
+  const sent = await a.page.evaluate((frame) => window.demo.room._rawSend(JSON.stringify(frame)),
     { v: 1, t: "command", id: rawId, action: "poll.close", payload: { poll: pollId }, epoch: a.hostCap.epoch, capability: a.hostCap.token });
   assert.ok(sent, "sent on alice's socket");
   const result = await until("the server's answer to the raw command", async () => a.results.find((r) => r.id === rawId));

@@ -343,6 +343,7 @@ test("the join token is not on the room for a logger to print; bad arguments are
   const room = await hl.connect({ url: "http://127.0.0.1:9", room: "r", token: "secret-join-token" });
   try {
     assert.equal(NeverOpens.last, "ws://127.0.0.1:9/v1/rooms/r/ws", "an http URL is dialled as ws");
+    assert.equal(room._rawSend("{}"), false, "the test hook: no frame came in, no socket to send on");
     // A full `/ws` URL is a base for `room` (the keys and the inbox are read for `room` too).
     for (const [url, dialled] of [["wss://h:8/pre/v1/rooms/other/ws", "wss://h:8/pre/v1/rooms/r/ws"],
       ["https://h/pre//", "wss://h/pre/v1/rooms/r/ws"]]) {

@@ -787,15 +787,6 @@ impl Driver {
         w.finish()
     }
 
-    /// Test hook: sends `text` on the socket as is, bypassing every check of the SDK.
-    #[wasm_bindgen(js_name = rawSend)]
-    pub fn raw_send(&self, text: &str) -> bool {
-        let s = self.inner.borrow();
-        s.socket
-            .as_ref()
-            .is_some_and(|sock| sock.ws.send_with_str(text).is_ok())
-    }
-
     /// Test hook: the core is told a connection opened (no socket is involved).
     #[cfg(test)]
     fn simulate_connected(&self) {
@@ -1152,7 +1143,6 @@ mod tests {
             "NotAuthoritative"
         );
         assert!(!d.peer_assignment("{}"));
-        assert!(!d.raw_send("{}"), "no socket to send on");
         d.close();
         assert_eq!(code(d.command("host.resign".into(), "null")), "Closed");
     }

@@ -96,7 +96,7 @@ window.T = {
     if (!lastHostCap) return null;
     const id = `raw-${Date.now()}`;
     const frame = { v: 1, t: "command", id, action, payload: payload ?? null, epoch: lastHostCap.epoch, capability: lastHostCap.token };
-    return room._driver.rawSend(JSON.stringify(frame)) ? id : null;
+    return room._rawSend(JSON.stringify(frame)) ? id : null;
   },
   // `room.stamp(body)` as plain data: `{ ok: stamped }` or `{ err: { code, isHostlease } }`.
   stamp(body) {
