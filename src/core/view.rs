@@ -1256,8 +1256,8 @@ impl HostView {
         if !self.is_named_host() {
             return Err(CommandError::NotHost);
         }
-        match self.lease {
-            LeaseState::Held { deadline } if now < deadline => {}
+        match self.lease_at(now) {
+            LeaseState::Held { .. } => {}
             LeaseState::Relinquished if relinquishing => {}
             LeaseState::Relinquished | LeaseState::NotHost => return Err(CommandError::NotHost),
             _ => return Err(CommandError::LeaseExpired),
