@@ -910,6 +910,12 @@ mod tests {
         (func, seen)
     }
 
+    /// A driver dialling `url` from this page, handing its events to `emit`; `seed`: its low
+    /// 32 random bits.
+    fn driver(url: &str, emit: js_sys::Function, seed: u32) -> Driver {
+        Driver::new(url.into(), emit, 0, seed, noop(), web_sys::window())
+    }
+
     async fn sleep(ms: i32) {
         let p = js_sys::Promise::new(&mut |resolve, _| {
             web_sys::window()
@@ -930,14 +936,7 @@ mod tests {
     async fn an_unreachable_server_goes_offline_and_the_supervisor_asks_for_a_token() {
         let (emit, seen) = collector();
         // Port 9 on loopback: nothing listens, the socket fails at once.
-        let d = Driver::new(
-            "ws://127.0.0.1:9/v1/rooms/r/ws".into(),
-            emit,
-            1,
-            2,
-            noop(),
-            web_sys::window(),
-        );
+        let d = driver("ws://127.0.0.1:9/v1/rooms/r/ws", emit, 2);
         d.connect("join-token".into()).unwrap();
         for _ in 0..100 {
             if has(&seen.borrow(), "token_needed", "", "") {
@@ -976,14 +975,7 @@ mod tests {
     /// records it has run (here: a busy wait in one task, which no timer can interrupt).
     #[wasm_bindgen_test]
     fn the_view_reads_an_expired_lease_before_the_timer_runs() {
-        let d = Driver::new(
-            "ws://127.0.0.1:9/ws".into(),
-            noop(),
-            0,
-            5,
-            noop(),
-            web_sys::window(),
-        );
+        let d = driver("ws://127.0.0.1:9/ws", noop(), 5);
         d.simulate_connected();
         // This session is the host with 600 ms of lease left: held for 600·0.99 − 250 ms.
         d.handle_frame(r#"{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{"room":"r","current":{"room":"r","host":"me","session":"me-s","epoch":1,"seq":1,"lease_ms":600,"reason":"elected","issued_at":0},"members":[],"seq":1,"server_time":0,"lease_remaining_ms":600,"actions":{"host":[],"participant":["vote"]}}}"#);
@@ -1021,14 +1013,7 @@ mod tests {
                 r#"{{"v":1,"t":"event","seq":{seq},"epoch":1,"actor":"p1","action":"vote","payload":{{"option":{seq}}},"at":{seq}}}"#
             )
         };
-        let d = Driver::new(
-            "ws://127.0.0.1:9/ws".into(),
-            emit,
-            0,
-            1,
-            noop(),
-            web_sys::window(),
-        );
+        let d = driver("ws://127.0.0.1:9/ws", emit, 1);
         d.simulate_connected();
         assert!(!d.event_seq(1.0), "not live before the welcome");
         d.handle_frame(&welcome(0));
@@ -1069,14 +1054,7 @@ mod tests {
             Action, IdempotencyKey, Outcome, RejectCode, Role, ServerMsg, Token,
         };
         let (emit, seen) = collector();
-        let d = Driver::new(
-            "ws://127.0.0.1:9/ws".into(),
-            emit,
-            0,
-            3,
-            noop(),
-            web_sys::window(),
-        );
+        let d = driver("ws://127.0.0.1:9/ws", emit, 3);
         d.simulate_connected();
         d.handle_frame(
             r#"{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{"room":"r","current":{"room":"r","host":null,"session":null,"epoch":0,"seq":0,"lease_ms":5000,"reason":"elected","issued_at":0},"members":[],"seq":0,"server_time":0,"actions":{"host":[],"participant":["vote"]}}}"#,
@@ -1118,14 +1096,7 @@ mod tests {
     #[wasm_bindgen_test]
     fn errors_are_codes_for_the_wrapper() {
         let (emit, _) = collector();
-        let d = Driver::new(
-            "ws://127.0.0.1:9/ws".into(),
-            emit,
-            0,
-            7,
-            noop(),
-            web_sys::window(),
-        );
+        let d = driver("ws://127.0.0.1:9/ws", emit, 7);
         let code = |r: Result<String, JsValue>| r.unwrap_err().as_string().unwrap();
         // No table yet: it waits for the server's (see core_table's
         // commands_made_before_the_first_snapshot_are_classified_when_the_table_comes).
