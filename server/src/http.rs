@@ -20,8 +20,8 @@ use axum::{Json, Router};
 use hostlease::protocol::json::ToJson;
 use hostlease::protocol::{
     codec::{decode_body, encode_body, MAX_CLIENT_FRAME},
-    CommandRequest, IdempotencyKey, InboxPage, KeySet, Outcome, ParticipantId, Reason, RejectCode,
-    RoomId, Token,
+    CommandRequest, DecodeError, IdempotencyKey, InboxPage, KeySet, Member, Outcome, ParticipantId,
+    Reason, RejectCode, RoomId, Token,
 };
 use serde::Deserialize;
 use tower_http::cors::{Any, CorsLayer};
@@ -209,8 +209,15 @@ async fn command(
         )
             .into_response();
     };
-    let text = String::from_utf8_lossy(&body);
-    let req: CommandRequest = match decode_body(&text, MAX_CLIENT_FRAME) {
+    // Not UTF-8: refused as the WebSocket path refuses it (a lossy decode would accept it).
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            DecodeError::Malformed { line: 0, column: 0 }.code(),
+        )
+            .into_response();
+    };
+    let req: CommandRequest = match decode_body(text, MAX_CLIENT_FRAME) {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e.code()).into_response(),
     };
@@ -606,7 +613,7 @@ async fn dev_token(State(app): State<Arc<App>>, Json(req): Json<DevTokenReq>) ->
     let claims = JoinClaims {
         room: req.room,
         sub: req.participant,
-        name: req.name.chars().take(64).collect(),
+        name: Member::clamp_name(&req.name).to_string(),
         may_host: req.may_host,
         exp: crate::tokens::now_ms() + req.ttl_ms.unwrap_or(3_600_000),
         kid: k.kid.clone(),

@@ -208,6 +208,17 @@ fn mint(
 }
 
 fn serve(a: ServeArgs) -> Result<(), String> {
+    // Refused here rather than failing every delivery later (this build speaks no TLS). The URL
+    // is not echoed: it may carry a secret.
+    if let Some(u) = &a.webhook_url {
+        if !reqwest::Url::parse(u).is_ok_and(|u| u.scheme() == "http" && u.has_host()) {
+            return Err(
+                "--webhook-url must be an http:// URL (no TLS in this build: put a \
+                        TLS-terminating proxy in front of an https receiver)"
+                    .into(),
+            );
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if a.log_json {

@@ -97,7 +97,16 @@ impl Keypair {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         }
-        std::fs::write(path, k.to_json()).map_err(|e| e.to_string())?;
+        // Readable by its owner only: the key signs host tokens (created so, never widened).
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .and_then(|mut f| f.write_all(k.to_json().as_bytes()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(k)
     }
 

@@ -334,7 +334,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             let member = Member {
                 id: claims.sub.clone(),
                 session: session.clone(),
-                name: claims.name.chars().take(64).collect(),
+                name: Member::clamp_name(&claims.name).to_string(),
                 join_seq: st.next_join,
                 may_host: claims.may_host,
             };
@@ -719,6 +719,11 @@ impl Conn {
         {
             Ok(Some((expires, lease_ms))) => {
                 self.host_ttl = lease_ms.max(3);
+                // A shorter lease than the one the next probe was planned for (the room's TTL
+                // was lowered): probe within a third of it, or the lease lapses before the
+                // next renewal and a healthy host is failed over.
+                let due = Instant::now() + Duration::from_millis(self.host_ttl / 3);
+                self.next_probe = Some(self.next_probe.map_or(due, |p| p.min(due)));
                 let mut actions = self.app.action_table().host;
                 actions.dedup();
                 let claims = CapClaims {

@@ -255,6 +255,10 @@ fn cli_keygen_token_and_graceful_shutdown() {
         .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("public key"));
+    // The private key is readable by its owner only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "key file mode {mode:o}");
     let out = std::process::Command::new(bin)
         .args([
             "token",
@@ -345,6 +349,58 @@ async fn per_room_ttl_applies_from_the_next_grant() {
         })
         .await;
     assert_eq!(asg.lease_ms, 1500);
+}
+
+#[tokio::test]
+async fn lowering_the_ttl_under_a_live_host_does_not_fail_it_over() {
+    let srv = start(test_config()).await; // 1,500 ms leases: a probe every 500 ms
+    let mut a = srv.raw("low", "alice", true).await;
+    a.until_host().await;
+    let mut b = srv.raw("low", "bob", true).await; // someone to fail over to
+    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+        .await;
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/admin/rooms/low/ttl", srv.addr))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"lease_ms": 150}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Alice answers every probe at once. Renewals now grant 150 ms: unless the next probe comes
+    // within that (not at the 500 ms planned under the old lease), the lease lapses and bob is
+    // elected although alice never stopped answering.
+    let mut short = 0;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while short < 10 {
+        assert!(tokio::time::Instant::now() < deadline, "too few renewals");
+        match a.next(Duration::from_secs(5)).await.expect("frame") {
+            ServerMsg::LeaseProbe { nonce, .. } => {
+                a.send(&hostlease::protocol::ClientMsg::LeaseEcho { nonce })
+                    .await
+            }
+            ServerMsg::LeaseConfirm {
+                epoch,
+                remaining_ms,
+                ..
+            } => {
+                assert_eq!(epoch, Epoch(1));
+                short += u32::from(remaining_ms == 150);
+            }
+            ServerMsg::Assignment(x) => {
+                assert_eq!(x.assignment.epoch, Epoch(1), "failed over: {x:?}")
+            }
+            _ => {}
+        }
+    }
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("low").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.epoch, Epoch(1));
 }
 
 #[tokio::test]

@@ -419,6 +419,24 @@ async fn idempotent_retries_across_ws_and_http() {
     assert_eq!(r.status(), 403);
     let o = cmd(&mut b, "k2", "vote", None, &p).await;
     assert_eq!(o, Outcome::Accepted { seq: seq.next() });
+
+    // A body that is not UTF-8 is refused as malformed (not decoded lossily and applied).
+    let before = srv.app.store.room(&room).await.unwrap().unwrap().seq;
+    let r = http
+        .post(format!("http://{}/v1/rooms/idem/commands", srv.addr))
+        .bearer_auth(p.expose())
+        .header("Idempotency-Key", "k3")
+        .header("content-type", "application/json")
+        .body(b"{\"action\":\"vote\",\"payload\":{\"n\":\"\xff\"}}".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.text().await.unwrap(), "malformed_frame");
+    assert_eq!(
+        srv.app.store.room(&room).await.unwrap().unwrap().seq,
+        before
+    );
 }
 
 /// A retry of an accepted transfer gets its outcome again after the target has left; a new

@@ -881,3 +881,27 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_timeout() {
     }
     drop(stalled);
 }
+
+#[tokio::test]
+async fn a_display_name_is_cut_to_its_byte_limit_on_a_character_boundary() {
+    use hostlease_server::tokens::{JoinClaims, JOIN_PREFIX};
+    let srv = start(test_config()).await;
+    // 64 characters, 128 bytes: a cut by characters would keep it whole, and every frame that
+    // names alice (bob's welcome, presence) would be refused by the protocol's 64-byte limit.
+    let claims = JoinClaims {
+        room: RoomId::new("nm").unwrap(),
+        sub: hostlease::protocol::ParticipantId::new("alice").unwrap(),
+        name: "é".repeat(64),
+        may_host: false,
+        exp: hostlease_server::tokens::now_ms() + 60_000,
+        kid: srv.app_key.kid.clone(),
+    };
+    let token = Token::new(srv.app_key.sign_token(JOIN_PREFIX, &claims));
+    let mut a = Raw::join(srv.addr, "nm", &token, None).await;
+    let _ = ptoken(&mut a).await;
+    // `Raw::next` decodes every frame with the SDK's decoder and panics on one it refuses.
+    let mut b = srv.raw("nm", "bob", false).await;
+    let (snapshot, _, _) = b.until(welcome).await;
+    let alice = snapshot.members.iter().find(|m| m.id.as_str() == "alice");
+    assert_eq!(alice.expect("alice is a member").name, "é".repeat(32));
+}

@@ -93,3 +93,47 @@ async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
         .count();
     assert_eq!(n, 2);
 }
+
+/// A webhook URL this build cannot deliver to (`https://`: no TLS here; not a URL) is refused
+/// when the server starts, not by failing every delivery later; the URL is not echoed.
+#[test]
+fn a_webhook_url_it_cannot_deliver_to_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "https://hooks.invalid/x?secret=s3cr3t",
+        "not a url",
+        "http://",
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hostlease-server"))
+            .args([
+                "serve",
+                "--db",
+                "sqlite::memory:",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--server-key", dir.path().join("k.json").to_str().unwrap()])
+            .args(["--webhook-url", url])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A server that accepted the URL would serve on: stopped after a bounded wait.
+        let deadline = std::time::Instant::now() + WAIT;
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                panic!("{url}: the server started");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "{url}: exit status {:?}", out.status);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--webhook-url must be an http:// URL"),
+            "{url}: {err}"
+        );
+        assert!(!err.contains("s3cr3t"), "{err}");
+    }
+}

@@ -120,6 +120,19 @@ pub struct Member {
     pub may_host: bool,
 }
 
+impl Member {
+    /// `name` cut to the longest prefix of at most [`super::codec::MAX_NAME_LEN`] bytes that
+    /// ends on a character boundary: what a member's display name may be (a cut by characters
+    /// could exceed the limit in bytes, and every frame naming the member would then be refused).
+    pub fn clamp_name(name: &str) -> &str {
+        let mut end = name.len().min(super::codec::MAX_NAME_LEN);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        &name[..end]
+    }
+}
+
 /// Which actions the server treats as host-only and which as participant actions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ActionTable {
