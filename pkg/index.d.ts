@@ -164,16 +164,20 @@ export declare class Room {
   private constructor();
   readonly room: string;
   readonly view: HostView;
+  /** Subscribes `listener`; returns the unsubscribe function. An event goes to the listeners
+   * subscribed when its delivery began (one removed meanwhile still gets it). */
   on<K extends keyof EventMap>(type: K, listener: (payload: EventMap[K]) => void): () => void;
   command(action: string, payload?: unknown): Promise<{ id: string; seq: number }>;
   /** Tags a message of the host with its epoch; throws a `CommandError` (`NotHost`, or
    * `NotAuthoritative` while the lease is not held) when this tab may not act as host. */
   stamp<T>(body: T): Stamped<T>;
   /** The body of a message `peerId` stamped, or `null`: from an older epoch than this tab has
-   * seen, or from that epoch but not from its host. A newer epoch is taken. */
+   * seen, or from that epoch but not from its host. A newer epoch is taken, and counts as the
+   * newest seen from then on (with its sender as its host) until the view has a newer one. */
   acceptStamped<T>(peerId: string, message: Stamped<T>): T | null;
-  /** `peerId`: the peer's participant id (`members[].id`). Does nothing after `close()`; a
-   * channel that closes is detached. */
+  /** `peerId`: the peer's participant id (`members[].id`). Does nothing after `close()` or for a
+   * channel already closing; a channel that closes is detached. The SDK sends and reads its own
+   * `{"t":"hostlease.relay"}` messages on `channel`: best a channel of its own. */
   attachPeer(peerId: string, channel: RTCDataChannel): void;
   detachPeer(peerId: string): void;
   signal(to: string, data: unknown): boolean;

@@ -231,14 +231,15 @@ const EVENT_HEAD = '{"v":1,"t":"event",';
 const EVENT_MAX = (4 << 20) / 3;
 const ID = /^(?!\.\.?$)[\w.:@-]{1,128}$/;
 const id = (s) => typeof s === "string" && ID.test(s);
+/** An assignment's signed fields, in the order they are signed. */
+const SIGNED = ["room", "host", "session", "epoch", "seq", "lease_ms", "reason", "issued_at"];
 /** The bytes the server signs for an assignment (README, "Signed assignments"): its fields, each
  * checked as the codec would so that no two assignments share them, or `null`. */
 const signingBytes = (a) =>
   id(a.room) && (a.host == null && a.session == null || id(a.host) && id(a.session))
     && typeof a.reason === "string" && /^[a-z_]{1,32}$/.test(a.reason)
     && [a.epoch, a.seq, a.lease_ms, a.issued_at].every(count)
-    ? new TextEncoder().encode(["hostlease/v1/assignment", a.room, a.host ?? "", a.session ?? "",
-      a.epoch, a.seq, a.lease_ms, a.reason, a.issued_at].join("\n"))
+    ? new TextEncoder().encode(["hostlease/v1/assignment", ...SIGNED.map((k) => a[k] ?? "")].join("\n"))
     : null;
 const isEvent = (m) =>
   m?.v === 1 && m.t === "event" && count(m.seq) && count(m.epoch) && count(m.at) && id(m.actor) && id(m.action);
@@ -344,13 +345,17 @@ export class Room {
 
   /** The body of a message `peerId` stamped, or `null` when it is from an older epoch than the
    * newest this client has seen (a deposed host's message) or from that epoch but not its host.
-   * An epoch newer than this client knows is taken: its host was elected after this client's
-   * last news, which the server or a relay brings within a round trip. (Before its first
-   * snapshot, with no epoch, it takes any: a host's epoch is at least 1, and `e > null` holds.) */
+   * An epoch newer than the view's is taken: its host was elected after this client's last
+   * news, which the server or a relay brings within a round trip; until then that epoch and its
+   * sender count as the newest seen, so a deposed host's message that comes after is refused.
+   * (Before its first snapshot, with no epoch, it takes any: a host's epoch is at least 1.) */
   acceptStamped(peerId, message) {
     const e = message?.hostleaseEpoch;
     const v = this.view;
-    return count(e) && (e > v.epoch || (e === v.epoch && peerId === v.host)) ? message.body : null;
+    const [epoch, host] = this._stamped?.[0] > v.epoch ? this._stamped : [v.epoch, v.host];
+    if (!count(e) || e < epoch || (e === epoch && peerId !== host)) return null;
+    this._stamped = [e, peerId];
+    return message.body ?? null;
   }
 
   /** Relays presence and server-signed assignments over `channel` (an RTCDataChannel). */
@@ -359,7 +364,8 @@ export class Room {
       throw new UsageError(ErrorCode.BadArgument, "attachPeer() needs a peer id and an RTCDataChannel");
     }
     this.detachPeer(peerId);
-    if (this._closed) return;
+    // A channel already closing fires no `close` that would let go of it.
+    if (this._closed || /^clos/.test(channel.readyState)) return;
     const onOpen = () => {
       this._driver.peerSeen(peerId);
       const signed = this.view.signed;
@@ -449,7 +455,7 @@ export class Room {
       clearTimeout(timer);
     }
     const t = typeof got === "string" ? { token: got } : got;
-    if (!t || typeof t.token !== "string" || (t.expiresAt !== undefined && !(t.expiresAt > 1e12))) {
+    if (!t || typeof t.token !== "string" || (t.expiresAt !== undefined && !(typeof t.expiresAt === "number" && t.expiresAt > 1e12))) {
       fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token (or expiresAt not in ms)"));
       return null;
     }
@@ -680,7 +686,9 @@ export class Room {
       return report(false, "forged");
     }
     if (this._closed) return;
-    const adopted = this._driver.peerAssignment(JSON.stringify(signed));
+    // The checked fields only: whatever else the peer put in the object is not passed on (nor
+    // serialised: a deeply nested extra field would make JSON.stringify throw).
+    const adopted = this._driver.peerAssignment(JSON.stringify(signed, [...SIGNED, "kid", "sig"]));
     report(adopted, adopted ? "adopted" : "stale");
   }
 }

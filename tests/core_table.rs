@@ -961,7 +961,13 @@ fn rate_limited_commands_wait_at_least_retry_after() {
             outcome,
         },
     );
-    assert!(v.poll_timeout().unwrap() >= at(60_030));
+    // Nothing is sent before the retry time: the timeouts on the way are the connection's
+    // silence checks (a heartbeat keeps it from being given up).
+    while let Some(t) = v.poll_timeout().filter(|t| *t < at(60_030)) {
+        v.handle_timeout(t);
+        assert!(drain(&mut v).0.is_empty());
+        server(&mut v, t.as_millis(), ServerMsg::Heartbeat);
+    }
     v.handle_timeout(at(60_029));
     assert!(drain(&mut v).0.is_empty());
     v.handle_timeout(v.poll_timeout().unwrap());
@@ -1214,13 +1220,20 @@ fn an_unanswered_hello_or_resume_stalls_the_connection() {
     );
 }
 
-/// After a stall, each next hello waits twice as long for its welcome (5, 10, 20, 20 s): a
-/// server slow to answer a reconnect storm is not dialled again and again. A welcome resets it.
+/// After a stall, each next hello waits twice as long for its welcome (5 s doubling up to
+/// 160 s): a server slow to answer a reconnect storm is not dialled again and again, and a
+/// welcome too large to arrive within 20 s on a slow link gets through. A welcome resets it.
 #[test]
 fn after_a_stall_the_next_hello_waits_longer() {
     let mut v = connected("b");
     let mut t0 = 0;
-    for wait in [5_000, 10_000, 20_000, 20_000] {
+    for wait in [5_000, 10_000, 20_000, 40_000, 80_000, 160_000, 160_000] {
+        // The silence checks on the way (every 20 s) give nothing up: a welcome is awaited, and
+        // a large one on a slow link is silence until all of it has arrived.
+        while let Some(t) = v.poll_timeout().filter(|t| *t < at(t0 + wait)) {
+            v.handle_timeout(t);
+            assert_eq!(drain(&mut v).1, vec![], "wait {wait}, at {t:?}");
+        }
         assert_eq!(v.poll_timeout(), Some(at(t0 + wait)), "wait {wait}");
         v.handle_timeout(at(t0 + wait - 1));
         assert_eq!(drain(&mut v).1, vec![]);
@@ -1298,4 +1311,52 @@ fn a_lease_expires_on_any_input_after_its_deadline() {
         "{ev:?}"
     );
     assert_eq!(room_events(&ev), vec![4]);
+}
+
+/// A live connection on which the server falls silent (a half-open connection: the server or
+/// the path gone without a close) is given up once a whole silence window (heartbeat period
+/// plus the command timeout, 20 s) passes without a frame; frames of any kind, heartbeats and
+/// events told by their seq alone included, keep it.
+#[test]
+fn a_live_connection_silent_past_the_heartbeat_is_given_up() {
+    let mut v = live("b", "a", 2); // connected at 0, welcome at 10
+                                   // Ten minutes of a quiet room: a heartbeat every 15 s, nothing given up.
+    let mut t = 0;
+    while t < 600_000 {
+        t += 15_000;
+        if let Some(due) = v.poll_timeout().filter(|d| *d <= at(t)) {
+            v.handle_timeout(due);
+        }
+        v.handle_timeout(at(t));
+        server(&mut v, t, ServerMsg::Heartbeat);
+        assert!(!drain(&mut v).1.contains(&Event::Stalled), "at {t}");
+    }
+    // Events told by their seq alone count as heard too.
+    for i in 1..=3u64 {
+        t += 15_000;
+        v.handle_timeout(at(t));
+        assert!(v.handle_event_seq(Seq(2 + i)));
+        assert!(!drain(&mut v).1.contains(&Event::Stalled), "at {t}");
+    }
+    assert_eq!(v.phase(), Phase::Live);
+    // Then silence: given up at the end of the first window that heard nothing, within 40 s.
+    let last = t;
+    let mut stalled_at = None;
+    while stalled_at.is_none() {
+        let due = v.poll_timeout().expect("a silence check is armed");
+        assert!(due <= at(last + 40_000), "{due:?}");
+        v.handle_timeout(due);
+        if drain(&mut v).1.contains(&Event::Stalled) {
+            stalled_at = Some(due);
+        }
+    }
+    assert!(
+        stalled_at.unwrap() > at(last + 20_000 - 1),
+        "{stalled_at:?}"
+    );
+    // Nothing more is armed for this connection; the next one gets its own window.
+    assert_eq!(v.poll_timeout(), None);
+    v.handle_disconnected(at(last + 41_000));
+    v.handle_connected(at(last + 41_000), Token::new("join-token"));
+    assert_eq!(v.poll_timeout(), Some(at(last + 46_000)));
 }

@@ -101,6 +101,7 @@ fn server_messages() -> Vec<ServerMsg> {
             code: ErrorCode::RateLimited,
             message: "slow down".into(),
         },
+        ServerMsg::Heartbeat,
     ]
 }
 

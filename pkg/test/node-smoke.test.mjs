@@ -212,6 +212,11 @@ test("a data channel that closes is let go of; attachPeer() after close() does n
   assert.equal(room._peers.size, 1);
   ch.dispatchEvent(new Event("close"));
   assert.equal(room._peers.size, 0);
+  // One already closing or closed fires no `close` to let go of it by: not kept at all.
+  for (const readyState of ["closing", "closed"]) {
+    room.attachPeer("p4", Object.assign(channel(), { readyState }));
+    assert.equal(room._peers.size, 0, readyState);
+  }
   room.close();
   room.attachPeer("p3", channel());
   assert.equal(room._peers.size, 0);
@@ -336,6 +341,11 @@ test("connect() fails for a socket that cannot be opened, a getToken that never 
   assert.equal(asked, 1);
   await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => ({ token: "t", expiresAt: Date.now() / 1000 + 3600 }) }),
     (e) => e instanceof hl.ConnectionError && e.code === "TokenUnavailable");
+  // An expiresAt that is not a number (arithmetic on it would throw a TypeError).
+  for (const expiresAt of [BigInt(Date.now() + 3_600_000), { valueOf() { throw new Error("no"); } }, Symbol("t")]) {
+    await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => ({ token: "t", expiresAt }) }),
+      (e) => e instanceof hl.ConnectionError && e.code === "TokenUnavailable", typeof expiresAt);
+  }
 });
 
 test("the join token is not on the room for a logger to print; bad arguments are typed errors", async () => {
@@ -383,16 +393,20 @@ test("a relay signed with a key published since the keys were read is verified a
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
   const reasons = [];
   room.on("relay", (r) => reasons.push(r.reason));
-  const relay = async (kid, key) => {
+  const relay = async (kid, key, extra = {}) => {
     const a = { room: "r", host: "p", session: "s", epoch: 1, seq: 1, lease_ms: 1000, reason: "elected", issued_at: 0, kid };
     const bytes = new TextEncoder().encode(["hostlease/v1/assignment", a.room, a.host, a.session, a.epoch, a.seq, a.lease_ms, a.reason, a.issued_at].join("\n"));
-    await room._onRelay("peer", { ...a, sig: b64url(await subtle.sign({ name: "Ed25519" }, key.privateKey, bytes)) });
+    await room._onRelay("peer", { ...extra, ...a, sig: b64url(await subtle.sign({ name: "Ed25519" }, key.privateKey, bytes)) });
   };
+  // A field nobody signed, nested deeper than JSON.stringify can go: not passed on.
+  let deep = {};
+  for (let i = 0; i < 20_000; i++) deep = { deep };
   const realNow = performance.now.bind(performance);
   let ahead = 0;
   performance.now = () => realNow() + ahead;
   try {
     await relay("k1", k1); // verified; before a first snapshot it is not adopted: "stale"
+    await relay("k1", k1, { x: deep }); // the same, with the extra field dropped: "stale"
     published.push(["k2", k2]); // the server's new key
     await relay("k2", k2); // within a minute of the read: not read again
     ahead = 61_000;
@@ -408,7 +422,7 @@ test("a relay signed with a key published since the keys were read is verified a
     room.close();
     server.close();
   }
-  assert.deepEqual(reasons, ["stale", "forged", "stale", "stale", "forged", "forged", "stale"]);
+  assert.deepEqual(reasons, ["stale", "stale", "forged", "stale", "stale", "forged", "forged", "stale"]);
   assert.equal(fetches, 2);
 });
 
@@ -429,4 +443,31 @@ test("an assignment whose reason this SDK does not know is not relayed (the copy
   assert.equal(room.view.epoch, 3);
   room.close();
   assert.deepEqual(relayed, ["elected", "resigned"]);
+});
+
+test("acceptStamped keeps the newest stamped epoch it took: a deposed host's message that comes after is refused", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const ws = NeverOpens.instance;
+  ws.readyState = 1;
+  ws.onopen?.({});
+  const a = (epoch, host) => ({ room: "r", host, session: `${host}-s`, epoch, seq: epoch, lease_ms: 5000, reason: "elected", issued_at: 0 });
+  ws.onmessage({ data: JSON.stringify({ v: 1, t: "welcome", you: "me", session: "me-s", missed: [],
+    snapshot: { room: "r", current: a(3, "h"), members: [], seq: 3, server_time: 0, actions: { host: [], participant: ["vote"] } } }) });
+  const m = (epoch, body) => ({ hostleaseEpoch: epoch, body });
+  try {
+    assert.equal(room.acceptStamped("h", m(3, "h3")), "h3");
+    assert.equal(room.acceptStamped("b", m(4, "b4")), "b4", "a newer epoch than the view's is taken");
+    assert.equal(room.acceptStamped("h", m(3, "late")), null, "the deposed host, after b's epoch 4");
+    assert.equal(room.acceptStamped("c", m(4, "c4")), null, "epoch 4 is b's");
+    assert.equal(room.acceptStamped("b", m(4, "again")), "again");
+    assert.equal(room.acceptStamped("b", { hostleaseEpoch: 4 }), null, "no body");
+    // The view learns epoch 4 (its host b); then epoch 5 from the server.
+    ws.onmessage({ data: JSON.stringify({ v: 1, t: "assignment", ...a(4, "b") }) });
+    assert.equal(room.acceptStamped("b", m(4, "b4")), "b4");
+    ws.onmessage({ data: JSON.stringify({ v: 1, t: "assignment", ...a(5, "c") }) });
+    assert.equal(room.acceptStamped("b", m(4, "b4")), null);
+    assert.equal(room.acceptStamped("c", m(5, "c5")), "c5");
+  } finally {
+    room.close();
+  }
 });

@@ -44,6 +44,9 @@ pub struct Config {
     /// goes out at once, the ones that follow within the interval go out together at its end
     /// (0: a frame per change). A burst of n joins then costs each member a few frames, not n.
     pub presence_ms: u64,
+    /// A connection with nothing sent for this long gets a `heartbeat` frame (at most
+    /// `HEARTBEAT_MS`: the SDK presumes a connection silent for longer dead).
+    pub heartbeat_ms: u64,
     /// How long one write to a WebSocket client may take (a client that stops reading blocks
     /// writes once the socket's buffers are full); past it the session ends.
     pub write_timeout_ms: u64,
@@ -77,6 +80,7 @@ impl Default for Config {
             participant_token_ms: 600_000,
             sweep_ms: 100,
             presence_ms: 100,
+            heartbeat_ms: hostlease::protocol::codec::HEARTBEAT_MS,
             write_timeout_ms: 10_000,
             log_keep: 10_000,
             admin_key: None,

@@ -17,8 +17,8 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use hostlease::core::elect;
 use hostlease::protocol::{
     codec::{
-        decode_client, decode_server, encode_body, encode_server, MAX_CLIENT_FRAME, MAX_MEMBERS,
-        MAX_REPLAY,
+        decode_client, decode_server, encode_body, encode_server, HEARTBEAT_MS, MAX_CLIENT_FRAME,
+        MAX_MEMBERS, MAX_REPLAY,
     },
     Action, ActionKind, ClientMsg, DecodeError, Epoch, ErrorCode, Gap, IdempotencyKey, Item, Json,
     Member, Outcome, ParticipantId, Reason, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId,
@@ -71,6 +71,8 @@ struct WriteFailed;
 struct Sink {
     inner: futures_util::stream::SplitSink<WebSocket, Message>,
     limit: Duration,
+    /// When the last frame was written (or queued): the heartbeat's reference.
+    last: Instant,
 }
 
 impl Sink {
@@ -87,11 +89,13 @@ impl Sink {
 
     /// Writes and flushes one frame.
     async fn send(&mut self, m: Message) -> Result<(), WriteFailed> {
+        self.last = Instant::now();
         Self::done(tokio::time::timeout(self.limit, self.inner.send(m)).await)
     }
 
     /// Queues one frame (written when the buffer fills or at the next flush).
     async fn feed(&mut self, m: Message) -> Result<(), WriteFailed> {
+        self.last = Instant::now();
         Self::done(tokio::time::timeout(self.limit, self.inner.feed(m)).await)
     }
 
@@ -102,6 +106,11 @@ impl Sink {
     async fn close(&mut self) -> Result<(), WriteFailed> {
         Self::done(tokio::time::timeout(self.limit, self.inner.close()).await)
     }
+}
+
+/// How long a connection may go without a frame before it gets a heartbeat.
+fn heartbeat_every(app: &App) -> Duration {
+    Duration::from_millis(app.cfg.heartbeat_ms.clamp(1, HEARTBEAT_MS))
 }
 
 fn frame(msg: &ServerMsg) -> Message {
@@ -220,6 +229,7 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
     let mut sink = Sink {
         inner: sink,
         limit: Duration::from_millis(app.cfg.write_timeout_ms),
+        last: Instant::now(),
     };
     if count > app.cfg.max_connections {
         close_with(
@@ -374,6 +384,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         probes: VecDeque::new(),
         next_probe: None,
         participant_refresh: Instant::now(),
+        heartbeat_at: Instant::now() + heartbeat_every(&app),
         flood: Bucket::new(
             app.cfg.msg_rate * FLOOD_FACTOR,
             app.cfg.msg_burst * FLOOD_FACTOR,
@@ -430,6 +441,10 @@ struct Conn {
     probes: VecDeque<(u64, Epoch, Instant)>,
     next_probe: Option<Instant>,
     participant_refresh: Instant,
+    /// When to look at whether the connection has been quiet for a heartbeat period. Moved only
+    /// when the timer fires (a frame sent meanwhile makes it fire early, for nothing), not on
+    /// every write: a broadcast writes to every session of a room.
+    heartbeat_at: Instant,
     /// Every client frame: past it, the connection is closed `rate_limited`.
     flood: Bucket,
     /// Commands: past it, a command is refused `rate_limited` with a time to retry after.
@@ -495,9 +510,12 @@ impl Conn {
         let timer = tokio::time::sleep_until(self.participant_refresh);
         tokio::pin!(timer);
         loop {
-            let due = self.next_probe.map_or(self.participant_refresh, |p| {
-                p.min(self.participant_refresh)
-            });
+            let due = self
+                .next_probe
+                .map_or(self.participant_refresh, |p| {
+                    p.min(self.participant_refresh)
+                })
+                .min(self.heartbeat_at);
             if timer.deadline() != due {
                 timer.as_mut().reset(due);
             }
@@ -663,6 +681,13 @@ impl Conn {
         }
         if self.participant_refresh <= now && !self.send_participant_capability().await {
             return Flow::End(false);
+        }
+        if self.heartbeat_at <= now {
+            let every = heartbeat_every(&self.app);
+            if self.sink.last + every <= now && !self.send(&ServerMsg::Heartbeat).await {
+                return Flow::End(false);
+            }
+            self.heartbeat_at = self.sink.last + every;
         }
         Flow::Continue
     }

@@ -905,3 +905,20 @@ async fn a_display_name_is_cut_to_its_byte_limit_on_a_character_boundary() {
     let alice = snapshot.members.iter().find(|m| m.id.as_str() == "alice");
     assert_eq!(alice.expect("alice is a member").name, "é".repeat(32));
 }
+
+/// A connection with nothing to hear gets a heartbeat after the configured quiet time (the SDK
+/// gives a connection up after a heartbeat period plus a margin without a frame).
+#[tokio::test]
+async fn a_quiet_connection_gets_heartbeats() {
+    let srv = start(hostlease_server::Config {
+        heartbeat_ms: 200,
+        ..test_config()
+    })
+    .await;
+    let mut a = srv.raw("hb", "alice", false).await;
+    let _ = ptoken(&mut a).await;
+    for _ in 0..3 {
+        a.until(|m| matches!(m, ServerMsg::Heartbeat).then_some(()))
+            .await;
+    }
+}

@@ -20,6 +20,7 @@ use super::backoff::{Backoff, Entropy, SplitMix64};
 use super::error::CommandError;
 use super::order::{election_cmp, provisional_coordinator};
 use super::time::Instant;
+use crate::protocol::codec::HEARTBEAT_MS;
 use crate::protocol::{
     Action, ActionKind, ActionTable, Assignment, ClientMsg, Epoch, ErrorCode, Gap, IdempotencyKey,
     Item, Member, Outcome, ParticipantId, RejectCode, Role, RoomEvent, Seq, ServerMsg, SessionId,
@@ -168,8 +169,9 @@ pub enum Event {
     },
     /// The server sent an error frame; `Unauthorized` means the join token must be refreshed.
     ServerError(ErrorCode),
-    /// No welcome answered the hello in time: the driver should close this connection and
-    /// reconnect (with its usual backoff).
+    /// No welcome answered the hello in time, or the server has been silent for longer than its
+    /// heartbeat allows: the driver should close this connection and reconnect (with its usual
+    /// backoff).
     Stalled,
 }
 
@@ -273,9 +275,17 @@ pub struct HostView {
     /// Awaiting a welcome: `Stalled` if none came by then; else resync for a missing grant.
     resync_retry_at: Option<Instant>,
     /// Connections given up since the last welcome (`Stalled`): each next hello waits twice as
-    /// long (up to 4×), so that a server slowed by a reconnect storm is not dialled again and
-    /// again by clients whose welcome was merely late.
+    /// long (up to 32×: 160 s by default), so that a server slowed by a reconnect storm is not
+    /// dialled again and again by clients whose welcome was merely late, and a large welcome on
+    /// a slow link (a browser hands a frame over only once all of it has arrived) gets through.
     stalls: u8,
+    /// The end of the current silence window of a connection: a window in which no frame came
+    /// (`heard` still false at its end) means the connection is dead, as the server sends a
+    /// heartbeat after [`HEARTBEAT_MS`] of silence. A window is [`HEARTBEAT_MS`] plus the command
+    /// timeout, so a dead connection is noticed 20 to 40 s after its last frame by default.
+    silence_check_at: Option<Instant>,
+    /// A frame came in the current silence window.
+    heard: bool,
     members: Vec<Member>,
     actions: ActionTable,
     /// Sorted, no duplicates. (This and `buffer` are sorted vectors rather than B-trees: the two
@@ -316,6 +326,8 @@ impl HostView {
             resync_sent_at: Instant::ZERO,
             unanswered: 0,
             stalls: 0,
+            silence_check_at: None,
+            heard: false,
             awaiting_welcome: false,
             resync_retry_at: None,
             members: Vec::new(),
@@ -433,6 +445,7 @@ impl HostView {
             .into_iter()
             .chain(cmds)
             .chain(self.resync_retry_at)
+            .chain(self.silence_check_at)
             .min()
     }
 
@@ -470,6 +483,7 @@ impl HostView {
         self.resync_sent_at = now;
         self.unanswered = 1;
         self.awaiting_welcome = true;
+        self.silence_check_at = Some(self.silence_window(now));
         self.resync_retry_at = Some(
             now.add_ms(
                 self.config
@@ -500,6 +514,7 @@ impl HostView {
         self.awaiting_welcome = false;
         self.unanswered = 0;
         self.resync_retry_at = None;
+        self.silence_check_at = None;
         self.buffer.clear();
         self.echoes.clear();
         // The session is gone: its host token is worthless, its lease will lapse on the server.
@@ -579,25 +594,33 @@ impl HostView {
                 // or a network change, which may never report a close). Start over: the driver
                 // drops it and dials again.
                 self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
-                self.stalls = (self.stalls + 1).min(2);
+                self.stalls = (self.stalls + 1).min(5);
                 self.events.push_back(Event::Stalled);
             } else if self.needs_participant_grant() {
                 self.request_resync(now, true);
             }
         }
-        let due: Vec<usize> = self
-            .commands
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| match c.state {
+        if self.silence_check_at.is_some_and(|t| now >= t) {
+            // A welcome still awaited has its own, growing, limit (`resync_retry_at`): a large
+            // one on a slow link is silence until all of it has arrived.
+            if self.heard || self.awaiting_welcome {
+                self.heard = false;
+                self.silence_check_at = Some(self.silence_window(now));
+            } else {
+                self.silence_check_at = None;
+                self.events.push_back(Event::Stalled);
+            }
+        }
+        // Newest first: a resend removes at most its own command (failing it), which moves no
+        // command not yet looked at, and changes no other command's state.
+        for i in (0..self.commands.len()).rev() {
+            if match self.commands[i].state {
                 CmdState::InFlight { resend_at } => now >= resend_at,
                 CmdState::Backoff { until } => now >= until,
                 _ => false,
-            })
-            .map(|(i, _)| i)
-            .collect();
-        for i in due.into_iter().rev() {
-            self.resend(now, i);
+            } {
+                self.resend(now, i);
+            }
         }
     }
 
@@ -611,6 +634,7 @@ impl HostView {
     /// It takes no time: applying an event in order depends on none, and the next input that
     /// does (a timeout, a command, any other frame) brings its own reading of the clock.
     pub fn handle_event_seq(&mut self, seq: Seq) -> bool {
+        self.heard = true;
         if self.phase != Phase::Live || !self.buffer.is_empty() || seq != self.cursor.next() {
             return false;
         }
@@ -621,6 +645,7 @@ impl HostView {
     /// One decoded frame from the server.
     pub fn handle_server(&mut self, now: Instant, msg: ServerMsg) {
         let now = self.tick(now);
+        self.heard = true;
         if matches!(self.phase, Phase::Offline | Phase::Closed) {
             // A frame from a connection already reported closed: nothing it says is current.
             return;
@@ -725,6 +750,8 @@ impl HostView {
                     self.leave(now);
                 }
             }
+            // Heard (above): the silence window is satisfied.
+            ServerMsg::Heartbeat => {}
         }
     }
 
@@ -1018,15 +1045,7 @@ impl HostView {
         // A new epoch ends every host token and every unsent host command of older epochs.
         self.host_grant = None;
         self.echoes.clear();
-        let fail: Vec<IdempotencyKey> = self
-            .commands
-            .iter()
-            .filter(|c| c.dies_with(assignment.epoch))
-            .map(|c| c.id.clone())
-            .collect();
-        for id in fail {
-            self.fail(&id, CommandError::StaleEpoch);
-        }
+        self.fail_all(CommandError::StaleEpoch, Some(assignment.epoch));
         let lease = if self.is_named_host() {
             // A new grant: authority begins with the first confirmed probe, not with the news
             // (and never with a peer's relay of it).
@@ -1227,13 +1246,11 @@ impl HostView {
         if !matches!(self.phase, Phase::Offline) {
             self.transmits.push_back(ClientMsg::Leave);
         }
-        let ids: Vec<IdempotencyKey> = self.commands.iter().map(|c| c.id.clone()).collect();
-        for id in ids {
-            self.fail(&id, CommandError::Closed);
-        }
+        self.fail_all(CommandError::Closed, None);
         // Nothing is awaited any more: no deadline is left for `poll_timeout` to report.
         self.awaiting_welcome = false;
         self.resync_retry_at = None;
+        self.silence_check_at = None;
         self.host_grant = None;
         self.set_lease(LeaseState::NotHost);
         self.set_provisional(None);
@@ -1423,9 +1440,27 @@ impl HostView {
         }
     }
 
+    /// Fails every command (`None`), or every one that dies with a new `epoch`, oldest first.
+    fn fail_all(&mut self, error: CommandError, epoch: Option<Epoch>) {
+        let mut i = 0;
+        while i < self.commands.len() {
+            if epoch.is_none_or(|e| self.commands[i].dies_with(e)) {
+                let id = self.commands.remove(i).id;
+                self.events.push_back(Event::CommandFailed { id, error });
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     fn violation(&mut self, v: Violation) {
         self.stats.violations += 1;
         self.events.push_back(Event::ProtocolViolation(v));
+    }
+
+    /// The end of a silence window that starts at `now`.
+    fn silence_window(&self, now: Instant) -> Instant {
+        now.add_ms(HEARTBEAT_MS + self.config.command_timeout_ms)
     }
 
     fn set_phase(&mut self, phase: Phase) {

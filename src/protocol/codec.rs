@@ -30,6 +30,11 @@ pub const MAX_REPLAY: usize = 4_096;
 pub const MAX_ACTIONS: usize = 256;
 /// Longest display name, in bytes.
 pub const MAX_NAME_LEN: usize = 64;
+/// Longest a server leaves a live connection without a frame: after this long with nothing
+/// sent, it sends a `heartbeat`. A client that hears nothing for longer (and a margin) presumes
+/// the connection dead, as a half-open TCP connection (a peer gone without a FIN, a NAT entry
+/// expired) may never report a close.
+pub const HEARTBEAT_MS: u64 = 15_000;
 /// Longest error message in an error frame, in bytes.
 pub const MAX_MESSAGE_LEN: usize = 256;
 /// Longest base64url signature (an Ed25519 signature is 86 characters).

@@ -411,6 +411,9 @@ pub enum ServerMsg {
     },
     /// A protocol error; the server usually closes the connection after it.
     Error { code: ErrorCode, message: String },
+    /// Nothing to say: sent after [`super::codec::HEARTBEAT_MS`] without any other frame, so that
+    /// the client can tell a quiet connection from a dead one.
+    Heartbeat,
 }
 
 /// Client → server frames. Decoded only by [`super::codec::decode_client`] (fields read in

@@ -1014,6 +1014,10 @@ pub(super) fn server_msg(r: &mut Reader<'_>, t: &str) -> Result<Option<ServerMsg
                 data: need(r, s.data)?,
             }
         }
+        "heartbeat" => {
+            fields::<NoSlots>(r, tags)?;
+            ServerMsg::Heartbeat
+        }
         "error" => {
             let s: ErrorSlots = fields(r, tags)?;
             ServerMsg::Error {
@@ -1120,6 +1124,7 @@ impl ToJson for ServerMsg {
                 w.field("code", code);
                 w.field("message", message);
             }
+            ServerMsg::Heartbeat => open_frame(w, "heartbeat"),
         }
         w.close();
     }
@@ -1132,7 +1137,8 @@ slots!(HelloSlots {
 });
 slots!(ResumeSlots { cursor: Seq });
 slots!(LeaseEchoSlots { nonce: u64 });
-slots!(LeaveSlots {});
+// A frame with no fields of its own (`leave`, `heartbeat`).
+slots!(NoSlots {});
 slots!(CommandSlots {
     id: IdempotencyKey,
     action: Action,
@@ -1172,7 +1178,7 @@ pub(super) fn client_msg(r: &mut Reader<'_>, t: &str) -> Result<Option<ClientMsg
             }
         }
         "leave" => {
-            fields::<LeaveSlots>(r, tags)?;
+            fields::<NoSlots>(r, tags)?;
             ClientMsg::Leave
         }
         "command" => {

@@ -71,6 +71,20 @@ fn project_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `RUSTFLAGS` for the bundle: the caller's, and the cargo home cut from the source paths that
+/// panic locations embed (a dependency's is otherwise the machine's absolute path into the cargo
+/// home, and the bundle's size would depend on where that is).
+fn wasm_rustflags() -> String {
+    let mut flags = std::env::var("RUSTFLAGS").unwrap_or_default();
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    if let Some(home) = home {
+        flags.push_str(&format!(" --remap-path-prefix={}=", home.display()));
+    }
+    flags
+}
+
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
@@ -335,18 +349,21 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     tools::ensure(root)?;
     run(
         "cargo build --profile wasm --features bundle --target wasm32-unknown-unknown",
-        cargo().current_dir(root).args([
-            "build",
-            "-p",
-            "hostlease",
-            "--lib",
-            "--profile",
-            "wasm",
-            "--features",
-            "bundle",
-            "--target",
-            "wasm32-unknown-unknown",
-        ]),
+        cargo()
+            .current_dir(root)
+            .env("RUSTFLAGS", wasm_rustflags())
+            .args([
+                "build",
+                "-p",
+                "hostlease",
+                "--lib",
+                "--profile",
+                "wasm",
+                "--features",
+                "bundle",
+                "--target",
+                "wasm32-unknown-unknown",
+            ]),
     )?;
     let out = root.join("pkg/wasm");
     let built = root.join("target/wasm32-unknown-unknown/wasm/hostlease.wasm");
