@@ -137,6 +137,27 @@ test("after a failover the old host is refused locally and, sent raw, by the ser
   await closeAll(a, b);
 });
 
+test("a connection that goes silent without closing is given up: provisional, then live again", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await amHost(a);
+  const b = await member(room, "bob", { webrtc: false });
+  await live(b);
+  // Bob's path stops carrying bytes and reports nothing (no close, no error): only the server's
+  // heartbeats, missing for a whole window, tell his SDK that the connection is dead.
+  b.proxy.hold();
+  await until("bob gives the silent connection up", async () => (await b.log())
+    .some((e) => e.type === "connection" && e.payload.phase === "offline"), { timeout: 90_000 });
+  const v = await b.view();
+  assert.notEqual(v.phase, "live");
+  assert.notEqual(v.provisional, null, "a provisional coordinator while the server is unreachable");
+  assert.equal(v.amHost, false);
+  b.proxy.restore();
+  await until("bob live again", async () => (await b.view()).phase === "live", { timeout: 60_000 });
+  assert.equal((await b.view()).host, "alice");
+  await closeAll(a, b);
+});
+
 test("server unreachable: the same provisional coordinator everywhere; back: authoritative, queued votes once", async () => {
   const room = newRoom();
   const a = await member(room, "alice");
