@@ -55,6 +55,10 @@ pub fn protocol_version() -> u32 {
 
 /// A wall-clock jump beyond the monotonic clock larger than this means the page slept or froze.
 const SLEEP_THRESHOLD_MS: f64 = 2_000.0;
+/// A wall-clock lead over the monotonic clock between two readings up to this is the clocks'
+/// granularity, not time the monotonic clock missed: `Date.now()` counts whole milliseconds, and
+/// a browser resisting fingerprinting coarsens both clocks to as much as 100 ms.
+const WALL_GRAIN_MS: f64 = 250.0;
 
 /// Local time: `performance.now()`, plus whatever the wall clock advanced beyond it (a sleeping
 /// machine stops `performance.now()` in some browsers). Never goes backwards.
@@ -101,12 +105,15 @@ impl Clock {
         core::mem::take(&mut self.slept)
     }
 
-    /// Elapsed time is the larger of the monotonic and the wall-clock deltas.
+    /// Elapsed time is the larger of the monotonic and the wall-clock deltas, but for a lead of
+    /// the wall clock within its granularity (`WALL_GRAIN_MS`): readings a fraction of a
+    /// millisecond apart see `Date.now()` lead by up to one, and summed, those leads made local
+    /// time run up to twice as fast (expiring leases and timing commands out early).
     fn observe(&mut self, perf: f64, wall: f64) -> Instant {
-        let (dp, dw) = (perf - self.last_perf, wall - self.last_wall);
-        self.slept |= dw - dp > SLEEP_THRESHOLD_MS;
-        if dw > dp {
-            self.skew += dw - dp;
+        let lead = (wall - self.last_wall) - (perf - self.last_perf);
+        self.slept |= lead > SLEEP_THRESHOLD_MS;
+        if lead > WALL_GRAIN_MS {
+            self.skew += lead;
         }
         self.last_perf = perf;
         self.last_wall = wall;
@@ -884,6 +891,27 @@ mod tests {
         let t2 = c.observe(1300.0, 1000.0);
         assert!(!c.take_slept());
         assert!(t2 > t);
+    }
+
+    /// Readings 0.4 ms apart for a second: `Date.now()` (whole milliseconds) leads the monotonic
+    /// clock by up to 1 ms at each, which is its grain, not time missed: a second is a second
+    /// (it was 1.6 s when every lead was added).
+    #[wasm_bindgen_test]
+    fn frequent_readings_do_not_make_the_clock_run_fast() {
+        let mut c = Clock {
+            performance: None,
+            last_perf: 0.0,
+            last_wall: 0.0,
+            skew: 0.0,
+            slept: false,
+        };
+        let mut t = Instant::ZERO;
+        for i in 1..=2500 {
+            let perf = 0.4 * f64::from(i);
+            t = c.observe(perf, perf.floor());
+        }
+        assert_eq!(t, Instant::from_millis(1000));
+        assert!(!c.take_slept());
     }
 
     #[wasm_bindgen_test]
