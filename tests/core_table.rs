@@ -725,11 +725,16 @@ fn commands_made_before_the_first_snapshot_are_classified_when_the_table_comes()
     );
 }
 
-/// Put out of the room by the server, the view closes instead of joining again (which would
-/// undo a kick, or knock on a closed room forever); other error frames leave it as it is.
+/// Put out of the room by the server, or told its protocol version is no longer taken, the view
+/// closes instead of joining again (which would undo a kick, or knock on a closed room, or with
+/// the same old version, forever); other error frames leave it as it is.
 #[test]
-fn kicked_or_room_closed_closes_the_view() {
-    for code in [ErrorCode::Kicked, ErrorCode::RoomClosed] {
+fn kicked_room_closed_or_unsupported_version_closes_the_view() {
+    for code in [
+        ErrorCode::Kicked,
+        ErrorCode::RoomClosed,
+        ErrorCode::UnsupportedVersion,
+    ] {
         let mut v = live("b", "a", 2);
         let key = v
             .command(at(20), action("vote"), js(json!(1)), None)

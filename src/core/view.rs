@@ -744,9 +744,13 @@ impl HostView {
             }),
             ServerMsg::Error { code, .. } => {
                 self.events.push_back(Event::ServerError(code));
-                // Put out of the room by the server: joining again would undo a kick or knock
-                // on a closed room forever, so the view closes (pending commands fail `Closed`).
-                if matches!(code, ErrorCode::Kicked | ErrorCode::RoomClosed) {
+                // Put out of the room by the server, or speaking a protocol version it no longer
+                // takes: joining again would undo a kick, or knock on a closed room (or with the
+                // same version) forever, so the view closes (pending commands fail `Closed`).
+                if matches!(
+                    code,
+                    ErrorCode::Kicked | ErrorCode::RoomClosed | ErrorCode::UnsupportedVersion
+                ) {
                     self.leave(now);
                 }
             }
