@@ -169,6 +169,13 @@ struct Bucket {
 /// a flood. Commands beyond the rate itself are refused one by one (`Bucket::admit`).
 const FLOOD_FACTOR: f64 = 4.0;
 
+/// Resumes per second per connection, and burst. Each costs a log read, a welcome of up to
+/// 1 MiB of replay and a signed token; the SDK sends one at a time (after a gap, or a wake: a
+/// tab shown again), each after the last one's welcome. Past this a resume waits its turn (the
+/// connection stays open; a client that sends a burst gets its welcomes at this rate).
+const RESUME_RATE: f64 = 2.0;
+const RESUME_BURST: f64 = 10.0;
+
 impl Bucket {
     fn new(rate: f64, burst: f64) -> Self {
         Bucket {
@@ -390,6 +397,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             app.cfg.msg_burst * FLOOD_FACTOR,
         ),
         command_rate: Bucket::new(app.cfg.msg_rate, app.cfg.msg_burst),
+        resume_rate: Bucket::new(RESUME_RATE, RESUME_BURST),
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
     metrics::counter!("hostlease_connections_closed_total", "how" => if explicit { "left" } else { "dropped" })
@@ -449,6 +457,8 @@ struct Conn {
     flood: Bucket,
     /// Commands: past it, a command is refused `rate_limited` with a time to retry after.
     command_rate: Bucket,
+    /// Resumes: past it, a resume waits for its turn.
+    resume_rate: Bucket,
 }
 
 enum Flow {
@@ -939,6 +949,10 @@ impl Conn {
                 Flow::End(false)
             }
             ClientMsg::Resume { cursor } => {
+                while let Err(ms) = self.resume_rate.admit() {
+                    metrics::counter!("hostlease_resumes_paced_total").increment(1);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
                 // A fresh subscription point is not needed: this socket is already subscribed
                 // and the snapshot is taken from the published state, so the stream continues
                 // right after it. A fresh participant token follows, as after a hello: a client

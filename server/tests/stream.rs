@@ -922,3 +922,26 @@ async fn a_quiet_connection_gets_heartbeats() {
             .await;
     }
 }
+
+/// A burst of resumes (each a log read and a welcome of up to 1 MiB) is answered in full, on
+/// the same connection, but past the resume burst at the resume rate: the paced ones are
+/// counted.
+#[tokio::test]
+async fn a_burst_of_resumes_is_paced_not_refused() {
+    let srv = start(test_config()).await;
+    let mut a = srv.raw("rs", "alice", false).await;
+    let _ = ptoken(&mut a).await;
+    for _ in 0..20 {
+        a.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+    }
+    for _ in 0..20 {
+        a.until(welcome).await;
+    }
+    let page = srv.metrics().await;
+    let paced: f64 = page
+        .lines()
+        .find_map(|l| l.strip_prefix("hostlease_resumes_paced_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(paced >= 5.0, "paced {paced}:\n{page}");
+}
