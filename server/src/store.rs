@@ -33,6 +33,13 @@ pub const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) A
 
 /// How long idempotency records are kept (at least 24 h, as the design requires).
 pub const IDEMPOTENCY_RETENTION_MS: i64 = 48 * 3600 * 1000;
+/// How long an offline inbox entry is kept.
+pub const INBOX_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
+/// A participant not seen (joined) for this long gets no more inbox entries, until it joins.
+pub const PARTICIPANT_RETENTION_MS: i64 = 30 * 24 * 3600 * 1000;
+/// A known participant's `seen_at` is written again on a join only once it is this old, so that
+/// the rejoins of a reconnect storm write nothing (no fsync).
+const SEEN_REFRESH_MS: i64 = 24 * 3600 * 1000;
 
 /// Webhook deliveries of one outbox row give up after this many attempts.
 pub const WEBHOOK_MAX_ATTEMPTS: i64 = 12;
@@ -267,6 +274,10 @@ pub struct SqliteStore {
     group: GroupCommit,
     /// Keep outbox rows until their webhook is delivered (set when a webhook is configured).
     pub keep_for_webhook: bool,
+    /// Housekeeping deletes inbox entries older than this ([`INBOX_RETENTION_MS`]) ...
+    pub inbox_retention_ms: i64,
+    /// ... and forgets participants not seen for this long ([`PARTICIPANT_RETENTION_MS`]).
+    pub participant_retention_ms: i64,
 }
 
 fn parse_id<T: TryFrom<String>>(s: Option<String>) -> Option<T> {
@@ -611,9 +622,15 @@ async fn remember_in_tx(
     room: &RoomId,
     p: &ParticipantId,
 ) -> StoreResult<()> {
-    sqlx::query("INSERT OR IGNORE INTO participants (room, participant) VALUES (?, ?)")
+    let q = format!(
+        "INSERT INTO participants (room, participant, seen_at) VALUES (?, ?, {NOW}) \
+         ON CONFLICT (room, participant) DO UPDATE SET seen_at = excluded.seen_at \
+         WHERE participants.seen_at < excluded.seen_at - ?"
+    );
+    sqlx::query(&q)
         .bind(room.as_str())
         .bind(p.as_str())
+        .bind(SEEN_REFRESH_MS)
         .execute(&mut *c)
         .await?;
     Ok(())
@@ -832,6 +849,8 @@ impl SqliteStore {
             group: GroupCommit::start(writer.clone()),
             writer,
             keep_for_webhook: false,
+            inbox_retention_ms: INBOX_RETENTION_MS,
+            participant_retention_ms: PARTICIPANT_RETENTION_MS,
         })
     }
 
@@ -999,8 +1018,8 @@ impl Store for SqliteStore {
         rows: &[(i64, RoomId, String)],
         online: &std::collections::HashSet<(RoomId, ParticipantId)>,
     ) -> StoreResult<usize> {
-        // Each room's participants are read once per batch (from a reader: the list only grows,
-        // and one who joins meanwhile is online anyway).
+        // Each room's participants are read once per batch (from a reader: one who joins
+        // meanwhile is online anyway, and one forgotten meanwhile gets one more entry).
         let mut offline: std::collections::HashMap<&RoomId, Vec<String>> =
             std::collections::HashMap::new();
         for (_, room, _) in rows {
@@ -1025,6 +1044,9 @@ impl Store for SqliteStore {
         // queued behind on the writer connection waits for a short transaction only.
         let claim =
             format!("UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL");
+        let insert = format!(
+            "INSERT INTO inbox (room, participant, item, created_at) VALUES (?, ?, ?, {NOW})"
+        );
         let mut n = 0;
         for chunk in rows.chunks(NOTIFY_CHUNK) {
             let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
@@ -1038,7 +1060,7 @@ impl Store for SqliteStore {
                     continue; // another process got it
                 }
                 for p in offline.get(room).into_iter().flatten() {
-                    sqlx::query("INSERT INTO inbox (room, participant, item) VALUES (?, ?, ?)")
+                    sqlx::query(&insert)
                         .bind(room.as_str())
                         .bind(p)
                         .bind(item)
@@ -1215,6 +1237,16 @@ impl Store for SqliteStore {
         );
         sqlx::query(&q)
             .bind(!self.keep_for_webhook)
+            .execute(&self.writer)
+            .await?;
+        let q = format!("DELETE FROM inbox WHERE created_at < {NOW} - ?");
+        sqlx::query(&q)
+            .bind(self.inbox_retention_ms)
+            .execute(&self.writer)
+            .await?;
+        let q = format!("DELETE FROM participants WHERE seen_at < {NOW} - ?");
+        sqlx::query(&q)
+            .bind(self.participant_retention_ms)
             .execute(&self.writer)
             .await?;
         Ok(())

@@ -6,7 +6,10 @@ use hostlease::protocol::{
     Action, ActionKind, Epoch, IdempotencyKey, Item, Outcome, ParticipantId, Reason, RejectCode,
     Role, RoomId, Seq, SessionId,
 };
-use hostlease_server::store::{CommandReq, GrantOutcome, GrantReq, SqliteStore, Store};
+use hostlease_server::store::{
+    CommandReq, GrantOutcome, GrantReq, SqliteStore, Store, INBOX_RETENTION_MS,
+    PARTICIPANT_RETENTION_MS,
+};
 use hostlease_server::tokens::{CapClaims, Keypair};
 use serde_json::json;
 
@@ -213,4 +216,72 @@ async fn a_notified_batch_reaches_exactly_the_offline_participants_of_each_room(
         assert_eq!(got.len(), want, "{p} in {room:?}");
         assert!(got.iter().all(|e| matches!(e.item, Item::Assignment(_))));
     }
+}
+
+/// Writes every pending outbox row into the inboxes of the room's participants, all offline.
+async fn notify_all(store: &SqliteStore) -> usize {
+    let rows = store.unnotified(100).await.unwrap();
+    store.notify(&rows, &Default::default()).await.unwrap()
+}
+
+async fn inbox_len(store: &SqliteStore, room: &RoomId, p: &ParticipantId) -> usize {
+    store.inbox(room, p, 0, 100).await.unwrap().len()
+}
+
+/// Offline inboxes are bounded: housekeeping deletes entries past their retention and forgets
+/// participants not seen for long, who then get no more entries (until they join again). With
+/// the default retentions, fresh entries and participants stay.
+#[tokio::test]
+async fn inbox_entries_and_forgotten_participants_are_pruned() {
+    let (_dir, mut store) = temp_store().await;
+    let keys = Keypair::generate("k1");
+    let room = RoomId::new("inbox").unwrap();
+    let away = ParticipantId::new("away").unwrap();
+    store.remember_participant(&room, &away).await.unwrap();
+    let holder = (
+        ParticipantId::new("h").unwrap(),
+        SessionId::new("h-s").unwrap(),
+    );
+    grant_won(&store, &keys, &room, 0, holder.clone()).await;
+    assert_eq!(notify_all(&store).await, 1);
+    assert_eq!(inbox_len(&store, &room, &away).await, 1);
+    store.housekeeping(10_000).await.unwrap();
+    assert_eq!(
+        inbox_len(&store, &room, &away).await,
+        1,
+        "a fresh entry is kept"
+    );
+
+    // Past the inbox retention: the entry goes; the participant (seen just now) stays.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    store.inbox_retention_ms = 10;
+    store.housekeeping(10_000).await.unwrap();
+    assert_eq!(inbox_len(&store, &room, &away).await, 0);
+    grant_won(&store, &keys, &room, 1, holder.clone()).await;
+    notify_all(&store).await;
+    assert_eq!(inbox_len(&store, &room, &away).await, 1, "still remembered");
+
+    // Not seen for longer than the participant retention: forgotten, no more entries.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    store.inbox_retention_ms = INBOX_RETENTION_MS;
+    store.participant_retention_ms = 10;
+    store.housekeeping(10_000).await.unwrap();
+    assert_eq!(
+        inbox_len(&store, &room, &away).await,
+        1,
+        "the entry is within its retention"
+    );
+    grant_won(&store, &keys, &room, 2, holder.clone()).await;
+    notify_all(&store).await;
+    assert_eq!(
+        inbox_len(&store, &room, &away).await,
+        1,
+        "a forgotten participant gets no entry"
+    );
+    // Joining again makes it known again.
+    store.participant_retention_ms = PARTICIPANT_RETENTION_MS;
+    store.remember_participant(&room, &away).await.unwrap();
+    grant_won(&store, &keys, &room, 3, holder).await;
+    notify_all(&store).await;
+    assert_eq!(inbox_len(&store, &room, &away).await, 2);
 }
