@@ -1199,3 +1199,70 @@ fn queue_command(
     };
     Ok((app.store.command(req, &app.keys), old_host))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hostlease::protocol::codec::{MAX_ACTIONS, MAX_NAME_LEN, MAX_SERVER_FRAME, MAX_SIG_LEN};
+    use hostlease::protocol::{
+        ActionTable, Assignment, KeyId, ServerTime, SignedAssignment, Snapshot,
+    };
+
+    /// The largest welcome the server can send: a full room of members with the longest ids
+    /// and the names that escape longest (control characters, six bytes each in JSON), the
+    /// longest action tables, a signed assignment, and a replay filling its whole budget (each
+    /// item with its comma). It must fit in the frame the SDK accepts, or a full room would be
+    /// one no client can join.
+    #[test]
+    fn a_full_welcome_fits_in_a_frame() {
+        let id = |c: char| c.to_string().repeat(128);
+        let member = |i: usize| Member {
+            id: ParticipantId::new(format!("{i:0>128}")).unwrap(),
+            session: SessionId::new(format!("s{i:0>127}")).unwrap(),
+            name: "\u{1}".repeat(MAX_NAME_LEN),
+            join_seq: u64::MAX,
+            may_host: false,
+        };
+        let actions = |c: usize| {
+            (0..MAX_ACTIONS)
+                .map(|i| Action::new(format!("{c}{i:0>127}")).unwrap())
+                .collect()
+        };
+        let welcome = ServerMsg::Welcome {
+            you: ParticipantId::new(id('y')).unwrap(),
+            session: SessionId::new(id('z')).unwrap(),
+            snapshot: Snapshot {
+                room: RoomId::new(id('r')).unwrap(),
+                current: SignedAssignment {
+                    assignment: Assignment {
+                        room: RoomId::new(id('r')).unwrap(),
+                        host: Some(ParticipantId::new(id('h')).unwrap()),
+                        session: Some(SessionId::new(id('s')).unwrap()),
+                        epoch: Epoch(u64::MAX),
+                        seq: Seq(u64::MAX),
+                        lease_ms: u64::MAX,
+                        reason: Reason::LeaseLapsed,
+                        issued_at: ServerTime(u64::MAX),
+                    },
+                    kid: Some(KeyId::new(id('k')).unwrap()),
+                    sig: Some("s".repeat(MAX_SIG_LEN)),
+                },
+                members: (0..MAX_MEMBERS).map(member).collect(),
+                seq: Seq(u64::MAX),
+                lease_remaining_ms: Some(u64::MAX),
+                server_time: ServerTime(u64::MAX),
+                actions: ActionTable {
+                    host: actions(1),
+                    participant: actions(2),
+                },
+            },
+            missed: vec![],
+            discontinuity: Some(Gap {
+                from: Seq(u64::MAX),
+                to: Seq(u64::MAX),
+            }),
+        };
+        let size = encode_server(&welcome).len() + REPLAY_BYTES + MAX_REPLAY;
+        assert!(size <= MAX_SERVER_FRAME, "{size} B > {MAX_SERVER_FRAME} B");
+    }
+}

@@ -22,8 +22,10 @@ pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
 pub const MAX_CLIENT_PAYLOAD: usize = MAX_CLIENT_FRAME - MAX_TOKEN_LEN - 1024;
 /// Largest server → client frame, in bytes (a welcome of a full room with its replay).
 pub const MAX_SERVER_FRAME: usize = 4 * 1024 * 1024;
-/// Most members in one room (and so in one snapshot).
-pub const MAX_MEMBERS: usize = 16_384;
+/// Most members in one room (and so in one snapshot): few enough that a welcome of a full room
+/// of the longest ids and names, with its replay, fits in `MAX_SERVER_FRAME` (the server's test
+/// `a_full_welcome_fits_in_a_frame`).
+pub const MAX_MEMBERS: usize = 4_096;
 /// Most items replayed in one welcome; the server announces older ones as a discontinuity.
 pub const MAX_REPLAY: usize = 4_096;
 /// Most actions in an action table or a capability.
