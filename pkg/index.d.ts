@@ -172,8 +172,8 @@ export declare class Room {
    * `NotAuthoritative` while the lease is not held) when this tab may not act as host. */
   stamp<T>(body: T): Stamped<T>;
   /** The body of a message `peerId` stamped, or `null`: from an older epoch than this tab has
-   * seen, or from that epoch but not from its host. A newer epoch is taken, and counts as the
-   * newest seen from then on (with its sender as its host) until the view has a newer one. */
+   * seen, or from that epoch but not from its host. A newer epoch is taken (stamps are not
+   * signed: only the view's verified epoch is the floor). */
   acceptStamped<T>(peerId: string, message: Stamped<T>): T | null;
   /** `peerId`: the peer's participant id (`members[].id`). Does nothing after `close()` or for a
    * channel already closing; a channel that closes is detached. The SDK sends and reads its own

@@ -340,17 +340,15 @@ export class Room {
 
   /** The body of a message `peerId` stamped, or `null` when it is from an older epoch than the
    * newest this client has seen (a deposed host's message) or from that epoch but not its host.
-   * An epoch newer than the view's is taken: its host was elected after this client's last
-   * news, which the server or a relay brings within a round trip; until then that epoch and its
-   * sender count as the newest seen, so a deposed host's message that comes after is refused.
-   * (Before its first snapshot, with no epoch, it takes any: a host's epoch is at least 1.) */
+   * An epoch newer than this client knows is taken: its host was elected after this client's
+   * last news, which the server or a relay brings within a round trip. Only what the view has
+   * verified moves the floor: stamps are not signed, and a newer epoch remembered from one would
+   * let any peer lock the real host out with a made-up epoch. (Before its first snapshot, with
+   * no epoch, it takes any: a host's epoch is at least 1, and `e > null` holds.) */
   acceptStamped(peerId, message) {
     const e = message?.hostleaseEpoch;
     const v = this.view;
-    const [epoch, host] = this._stamped?.[0] > v.epoch ? this._stamped : [v.epoch, v.host];
-    if (!count(e) || e < epoch || (e === epoch && peerId !== host)) return null;
-    this._stamped = [e, peerId];
-    return message.body ?? null;
+    return count(e) && (e > v.epoch || (e === v.epoch && peerId === v.host)) ? message.body ?? null : null;
   }
 
   /** Relays presence and server-signed assignments over `channel` (an RTCDataChannel). */

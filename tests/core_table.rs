@@ -1365,3 +1365,24 @@ fn a_live_connection_silent_past_the_heartbeat_is_given_up() {
     v.handle_connected(at(last + 41_000), Token::new("join-token"));
     assert_eq!(v.poll_timeout(), Some(at(last + 46_000)));
 }
+
+/// A silence check that runs late (the page's event loop was blocked by a long task or an
+/// `alert()`, or a hidden tab's timers were throttled) may run before the frames that waited
+/// with it: it gives nothing up, and starts a new window. One on time that heard nothing does.
+#[test]
+fn a_late_silence_check_gives_nothing_up() {
+    let mut v = live("b", "a", 2);
+    let first = v.poll_timeout().expect("the silence check");
+    v.handle_timeout(first); // heard the welcome: a new window
+    assert!(!drain(&mut v).1.contains(&Event::Stalled));
+    let second = v.poll_timeout().expect("the next window");
+    v.handle_timeout(second.add_ms(30_000)); // 30 s late, nothing heard
+    assert!(
+        !drain(&mut v).1.contains(&Event::Stalled),
+        "a late check decided"
+    );
+    let third = v.poll_timeout().expect("a new window");
+    assert_eq!(third, second.add_ms(30_000 + 20_000));
+    v.handle_timeout(third); // on time, nothing heard
+    assert!(drain(&mut v).1.contains(&Event::Stalled));
+}

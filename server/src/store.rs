@@ -40,6 +40,8 @@ pub const PARTICIPANT_RETENTION_MS: i64 = 30 * 24 * 3600 * 1000;
 /// A known participant's `seen_at` is written again on a join only once it is this old, so that
 /// the rejoins of a reconnect storm write nothing (no fsync).
 const SEEN_REFRESH_MS: i64 = 24 * 3600 * 1000;
+/// Rows deleted per statement by housekeeping's retention.
+const PRUNE_BATCH: u64 = 1000;
 
 /// Webhook deliveries of one outbox row give up after this many attempts.
 pub const WEBHOOK_MAX_ATTEMPTS: i64 = 12;
@@ -1239,16 +1241,42 @@ impl Store for SqliteStore {
             .bind(!self.keep_for_webhook)
             .execute(&self.writer)
             .await?;
-        let q = format!("DELETE FROM inbox WHERE created_at < {NOW} - ?");
-        sqlx::query(&q)
-            .bind(self.inbox_retention_ms)
-            .execute(&self.writer)
-            .await?;
-        let q = format!("DELETE FROM participants WHERE seen_at < {NOW} - ?");
-        sqlx::query(&q)
-            .bind(self.participant_retention_ms)
-            .execute(&self.writer)
-            .await?;
+        // Rows a process of the code before migration 0005 wrote (during a rolling upgrade)
+        // carry 0: they count from now.
+        for q in [
+            format!("UPDATE inbox SET created_at = {NOW} WHERE created_at = 0"),
+            format!("UPDATE participants SET seen_at = {NOW} WHERE seen_at = 0"),
+        ] {
+            sqlx::query(&q).execute(&self.writer).await?;
+        }
+        // In short batches on the writer, each its own transaction: a week's backlog deleted in
+        // one statement would hold up the lease renewals and commands queued behind it.
+        for (q, keep) in [
+            (
+                format!(
+                    "DELETE FROM inbox WHERE cursor IN (SELECT cursor FROM inbox \
+                     WHERE created_at < {NOW} - ? LIMIT {PRUNE_BATCH})"
+                ),
+                self.inbox_retention_ms,
+            ),
+            (
+                format!(
+                    "DELETE FROM participants WHERE rowid IN (SELECT rowid FROM participants \
+                     WHERE seen_at < {NOW} - ? LIMIT {PRUNE_BATCH})"
+                ),
+                self.participant_retention_ms,
+            ),
+        ] {
+            while sqlx::query(&q)
+                .bind(keep)
+                .execute(&self.writer)
+                .await?
+                .rows_affected()
+                == PRUNE_BATCH
+            {
+                tokio::task::yield_now().await;
+            }
+        }
         Ok(())
     }
 }

@@ -97,17 +97,30 @@ impl Keypair {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         }
-        // Readable by its owner only: the key signs host tokens (created so, never widened).
+        // Readable by its owner only (the key signs host tokens), written whole to a file of
+        // its own, then linked into place: a process starting at the same time finds either no
+        // file or a complete one, and then uses that key.
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
+        let fail = |e: std::io::Error| format!("{}: {e}", path.display());
+        let tmp = path.with_file_name(format!(".{}.tmp", k.kid)); // the kid is random
         std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(path)
-            .and_then(|mut f| f.write_all(k.to_json().as_bytes()))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(k)
+            .open(&tmp)
+            .and_then(|mut f| {
+                f.write_all(k.to_json().as_bytes())
+                    .and_then(|()| f.sync_all())
+            })
+            .map_err(fail)?;
+        let linked = std::fs::hard_link(&tmp, path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(k),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Self::load(path),
+            Err(e) => Err(fail(e)),
+        }
     }
 
     pub fn public(&self) -> PublicKey {

@@ -552,3 +552,22 @@ async fn dot_room_names_are_refused() {
         }
     }
 }
+
+/// Two processes creating the same missing key file at once: the one that finds it created by
+/// the other uses that key (it failed with "File exists" once the file was created exclusively).
+#[test]
+fn a_key_file_created_meanwhile_by_another_process_is_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k.json");
+    let keys: Vec<_> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| hostlease_server::tokens::Keypair::load_or_create(&path, "srv")))
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let on_disk = hostlease_server::tokens::Keypair::load(&path).unwrap();
+    for k in keys {
+        let k = k.expect("every process gets a key");
+        assert_eq!(k.public().x, on_disk.public().x);
+    }
+}

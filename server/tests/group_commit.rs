@@ -284,4 +284,30 @@ async fn inbox_entries_and_forgotten_participants_are_pruned() {
     grant_won(&store, &keys, &room, 3, holder).await;
     notify_all(&store).await;
     assert_eq!(inbox_len(&store, &room, &away).await, 2);
+
+    // A backlog larger than one delete batch goes entirely (in several statements), and rows
+    // written by a process of the code before the retention (created_at 0) count from now.
+    let old = hostlease_server::store::NOW;
+    sqlx::query(&format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500) \
+         INSERT INTO inbox (room, participant, item, created_at) \
+         SELECT 'inbox', 'away', '{{}}', {old} - 3600000 FROM n"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO inbox (room, participant, item) VALUES ('inbox', 'away', '{}')")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store.inbox_retention_ms = 60_000;
+    store.housekeeping(10_000).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM inbox")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        left, 3,
+        "the 2,500 old rows go; the fresh two and the unstamped one stay"
+    );
 }

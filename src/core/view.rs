@@ -600,10 +600,12 @@ impl HostView {
                 self.request_resync(now, true);
             }
         }
-        if self.silence_check_at.is_some_and(|t| now >= t) {
+        if let Some(t) = self.silence_check_at.filter(|t| now >= *t) {
             // A welcome still awaited has its own, growing, limit (`resync_retry_at`): a large
-            // one on a slow link is silence until all of it has arrived.
-            if self.heard || self.awaiting_welcome {
+            // one on a slow link is silence until all of it has arrived. A check that runs over
+            // a second late (the page's event loop was blocked, or a hidden tab's timers were
+            // throttled) may run before frames that arrived meanwhile: it decides nothing.
+            if self.heard || self.awaiting_welcome || now > t.add_ms(1_000) {
                 self.heard = false;
                 self.silence_check_at = Some(self.silence_window(now));
             } else {
@@ -1131,7 +1133,7 @@ impl HostView {
                     // outcome is unknown the session stays relinquished and lets the lease lapse.)
                     self.set_lease(LeaseState::Unknown);
                 }
-                self.fail(&id, error);
+                self.fail_at(i, error);
                 if code == RejectCode::LeaseExpired && matches!(self.lease, LeaseState::Held { .. })
                 {
                     self.set_lease(LeaseState::Expired);
@@ -1318,31 +1320,28 @@ impl HostView {
                 None => Some(CommandError::UnknownAction),
             };
             if let Some(e) = refused {
-                let id = c.id.clone();
-                self.fail(&id, e);
+                self.fail_at(i, e);
                 return;
             }
         }
         let token = match c.kind {
             ActionKind::Host => {
                 if c.epoch != self.epoch() {
-                    let id = c.id.clone(); // a resend: sent, never answered, outcome unknown
-                    self.fail(&id, CommandError::Interrupted);
+                    // A resend: sent, never answered, outcome unknown.
+                    self.fail_at(i, CommandError::Interrupted);
                     return;
                 }
                 match self.host_gate_inner(now, is_relinquish(&c.action)) {
                     Ok(g) => g.token.clone(),
                     Err(e) => {
-                        let id = c.id.clone();
-                        self.fail(&id, e);
+                        self.fail_at(i, e);
                         return;
                     }
                 }
             }
             ActionKind::Participant => match &self.participant_grant {
                 Some(g) if self.can_send_participant() && !g.actions.contains(&c.action) => {
-                    let id = c.id.clone();
-                    self.fail(&id, CommandError::NoCapability);
+                    self.fail_at(i, CommandError::NoCapability);
                     return;
                 }
                 Some(g) if self.can_send_participant() => g.token.clone(),
@@ -1353,8 +1352,7 @@ impl HostView {
             },
         };
         if c.attempts >= self.config.max_attempts {
-            let id = c.id.clone();
-            self.fail(&id, CommandError::Timeout);
+            self.fail_at(i, CommandError::Timeout);
             return;
         }
         let jitter = self.config.retry.delay_ms(c.attempts, &mut self.rng);
@@ -1421,8 +1419,7 @@ impl HostView {
                 {
                     // Its outcome is unknown and resending could replay a stale intention: the
                     // room's event stream says whether it took effect.
-                    let id = c.id.clone();
-                    self.fail(&id, CommandError::Interrupted);
+                    self.fail_at(i, CommandError::Interrupted);
                     continue;
                 }
                 self.commands[i].state = CmdState::Queued;
@@ -1434,14 +1431,10 @@ impl HostView {
         }
     }
 
-    fn fail(&mut self, id: &IdempotencyKey, error: CommandError) {
-        if let Some(i) = self.commands.iter().position(|c| &c.id == id) {
-            self.commands.remove(i);
-            self.events.push_back(Event::CommandFailed {
-                id: id.clone(),
-                error,
-            });
-        }
+    /// Fails the command at `i` (removed; its event queued).
+    fn fail_at(&mut self, i: usize, error: CommandError) {
+        let id = self.commands.remove(i).id;
+        self.events.push_back(Event::CommandFailed { id, error });
     }
 
     /// Fails every command (`None`), or every one that dies with a new `epoch`, oldest first.
@@ -1449,8 +1442,7 @@ impl HostView {
         let mut i = 0;
         while i < self.commands.len() {
             if epoch.is_none_or(|e| self.commands[i].dies_with(e)) {
-                let id = self.commands.remove(i).id;
-                self.events.push_back(Event::CommandFailed { id, error });
+                self.fail_at(i, error);
             } else {
                 i += 1;
             }
