@@ -108,6 +108,16 @@ impl Sink {
     }
 }
 
+/// Records (in the background) that `sub` was in `room` now, for its offline inbox.
+fn remember(app: &Arc<App>, room: &RoomId, sub: &ParticipantId) {
+    let (app, room, sub) = (app.clone(), room.clone(), sub.clone());
+    tokio::spawn(async move {
+        if let Err(e) = app.store.remember_participant(&room, &sub).await {
+            tracing::warn!(error = %e, "participant not recorded");
+        }
+    });
+}
+
 /// How long a connection may go without a frame before it gets a heartbeat.
 fn heartbeat_every(app: &App) -> Duration {
     Duration::from_millis(app.cfg.heartbeat_ms.clamp(1, HEARTBEAT_MS))
@@ -371,15 +381,8 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             return;
         }
     };
-    {
-        // Recorded for the offline inbox; the session does not wait for it.
-        let (app, room_id, sub) = (app.clone(), room_id.clone(), claims.sub.clone());
-        tokio::spawn(async move {
-            if let Err(e) = app.store.remember_participant(&room_id, &sub).await {
-                tracing::warn!(error = %e, "participant not recorded");
-            }
-        });
-    }
+    // Recorded for the offline inbox; the session does not wait for it.
+    remember(&app, &room_id, &claims.sub);
     let mut conn = Conn {
         app: app.clone(),
         room: room.hub().clone(),
@@ -400,6 +403,11 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         resume_rate: Bucket::new(RESUME_RATE, RESUME_BURST),
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
+    // Seen until now: a member connected for longer than the participant retention is not
+    // forgotten for the inbox the moment it leaves (not when the server is shutting down).
+    if !*app.shutdown.borrow() {
+        remember(&app, &room_id, &claims.sub);
+    }
     metrics::counter!("hostlease_connections_closed_total", "how" => if explicit { "left" } else { "dropped" })
         .increment(1);
     // Leaving: the member goes; a host that left explicitly is replaced at once, a dead

@@ -946,3 +946,47 @@ async fn a_burst_of_resumes_is_paced_not_refused() {
         .unwrap_or(0.0);
     assert!(paced >= 5.0, "paced {paced}:\n{page}");
 }
+
+/// A member's last sighting (which keeps it known for its offline inbox) is written again when
+/// it leaves, not only when it joined: one connected for longer than the retention is not
+/// forgotten the moment it goes.
+#[tokio::test]
+async fn leaving_refreshes_a_members_last_sighting() {
+    let srv = start(test_config()).await;
+    let url = format!("sqlite://{}", srv.dir.path().join("h.db").display());
+    let db = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let seen = |db: sqlx::SqlitePool| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT seen_at FROM participants WHERE room = 'sn' AND participant = 'alice'",
+        )
+        .fetch_optional(&db)
+        .await
+        .unwrap()
+    };
+    let mut a = srv.raw("sn", "alice", false).await;
+    let _ = ptoken(&mut a).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while seen(db.clone()).await.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "alice never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // As if alice had joined three days ago and stayed connected since.
+    let old = hostlease_server::tokens::now_ms() as i64 - 3 * 24 * 3600 * 1000;
+    sqlx::query("UPDATE participants SET seen_at = ? WHERE participant = 'alice'")
+        .bind(old)
+        .execute(&db)
+        .await
+        .unwrap();
+    a.send(&ClientMsg::Leave).await;
+    while seen(db.clone()).await.unwrap() == old {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the leave did not refresh it"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen(db.clone()).await.unwrap() > old + 24 * 3600 * 1000);
+}
