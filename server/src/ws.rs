@@ -71,7 +71,8 @@ struct WriteFailed;
 struct Sink {
     inner: futures_util::stream::SplitSink<WebSocket, Message>,
     limit: Duration,
-    /// When the last frame was written (or queued): the heartbeat's reference.
+    /// When frames were last written (a send or a flush; every queued frame is flushed): the
+    /// heartbeat's reference, read once per write, not once per broadcast frame queued.
     last: Instant,
 }
 
@@ -95,11 +96,11 @@ impl Sink {
 
     /// Queues one frame (written when the buffer fills or at the next flush).
     async fn feed(&mut self, m: Message) -> Result<(), WriteFailed> {
-        self.last = Instant::now();
         Self::done(tokio::time::timeout(self.limit, self.inner.feed(m)).await)
     }
 
     async fn flush(&mut self) -> Result<(), WriteFailed> {
+        self.last = Instant::now();
         Self::done(tokio::time::timeout(self.limit, self.inner.flush()).await)
     }
 
