@@ -1066,7 +1066,9 @@ pub struct Incoming<'a> {
 /// holder for resign/transfer from the local membership, and queue it with the store, which
 /// checks the rest and applies the effect in one transaction. The command is queued when this is
 /// called, so a connection's commands are decided in the order they arrived; the returned future
-/// resolves to the outcome.
+/// resolves to the outcome. What follows a decision (the reassignment's log line, the metrics, the
+/// publisher's wake-up) runs in a task of its own: a connection or HTTP request that goes away
+/// before its answer does not take them with it.
 pub fn command(
     app: &Arc<App>,
     room: &Arc<Room>,
@@ -1075,7 +1077,8 @@ pub fn command(
     let claimed = cmd.epoch;
     let queued = queue_command(app, room, cmd);
     let (app, room) = (app.clone(), room.clone());
-    async move {
+    let current_room = room.clone();
+    let decided = tokio::spawn(async move {
         let (pending, old_host) = match queued {
             Ok(q) => q,
             Err(code) => return reject(&room, code),
@@ -1117,6 +1120,14 @@ pub fn command(
                 }
             }
         }
+    });
+    async move {
+        decided.await.unwrap_or_else(|_| Outcome::Rejected {
+            // The task panicked (or the runtime is going down): nothing to say but "retry".
+            code: RejectCode::Unavailable,
+            current: current(&current_room),
+            retry_after_ms: Some(500),
+        })
     }
 }
 

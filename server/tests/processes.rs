@@ -320,3 +320,75 @@ async fn a_kick_through_one_process_reaches_the_other() {
         .await;
     assert_eq!(a.host.as_ref().map(|h| h.as_str()), Some("bob"));
 }
+
+/// A host that resigns and drops its connection at once (before the answer can reach it): the
+/// resignation is committed by the store all the same, and the server still writes its one
+/// reassignment log line (it was lost with the connection's task).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resign_whose_connection_drops_at_once_is_still_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = app_key_file(dir.path());
+    let db = format!("sqlite://{}", dir.path().join("rs.db").display());
+    // A long lease: no lapse adds a reassignment while the test runs.
+    let p = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
+    let mut alice = Raw::join(p.addr, "rs", &join_token(&key, "rs", "alice", true), None).await;
+    alice.until_host().await;
+    let (epoch, host_token) = alice
+        .seen
+        .iter()
+        .find_map(|m| match m {
+            ServerMsg::Capability {
+                role: Role::Host,
+                epoch,
+                token,
+                ..
+            } => Some((*epoch, token.clone())),
+            _ => None,
+        })
+        .unwrap();
+    let mut bob = Raw::join(p.addr, "rs", &join_token(&key, "rs", "bob", true), None).await;
+    bob.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+        .await;
+    alice
+        .send(&ClientMsg::Command {
+            id: hostlease::protocol::IdempotencyKey::new("bye").unwrap(),
+            action: hostlease::protocol::Action::new("host.resign").unwrap(),
+            payload: hostlease::protocol::json::Json::null(),
+            epoch,
+            capability: host_token,
+        })
+        .await;
+    drop(alice);
+    bob.until_host().await;
+    let log = dir.path().join("p1.log");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let lines = loop {
+        let n = std::fs::read_to_string(&log)
+            .unwrap()
+            .matches("host reassigned")
+            .count();
+        if n >= 2 || tokio::time::Instant::now() >= deadline {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let items = read_log(&db, "rs").await;
+    let reasons: Vec<Reason> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Assignment(a) => Some(a.assignment.reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reasons.len(),
+        2,
+        "the first grant and the resignation: {reasons:?}"
+    );
+    assert_eq!(reasons[1], Reason::Resigned);
+    assert_eq!(
+        lines,
+        reasons.len(),
+        "one log line per committed reassignment"
+    );
+}
