@@ -1386,3 +1386,19 @@ fn a_late_silence_check_gives_nothing_up() {
     v.handle_timeout(third); // on time, nothing heard
     assert!(drain(&mut v).1.contains(&Event::Stalled));
 }
+
+#[test]
+fn a_command_timeout_out_of_range_is_taken_within_its_bounds() {
+    for (ms, taken) in [(0, 100), (u64::MAX, 600_000)] {
+        let mut v = HostView::new(Config {
+            command_timeout_ms: ms,
+            ..Config::default()
+        });
+        v.handle_connected(Instant(1_000), Token::new("t"));
+        // The hello waits `taken` for its welcome (no overflow, no timer due at once).
+        assert_eq!(v.poll_timeout(), Some(Instant(1_000 + taken)));
+        v.handle_timeout(Instant(1_000 + taken));
+        assert!(drain(&mut v).1.contains(&Event::Stalled));
+        assert!(v.poll_timeout().unwrap() > Instant(1_000 + taken), "{ms}");
+    }
+}

@@ -39,7 +39,9 @@ pub struct Config {
     pub drift_ppm: u64,
     /// Safety margin subtracted from every local lease deadline.
     pub lease_margin_ms: u64,
-    /// Resend a command (same idempotency key) when no result came within this time.
+    /// Resend a command (same idempotency key) when no result came within this time; also how
+    /// long a hello waits for its welcome. Taken within 100 ms ..= 10 min (a zero would make
+    /// every timer due at once, for ever).
     pub command_timeout_ms: u64,
     /// Give up on a command after this many sends.
     pub max_attempts: u32,
@@ -308,7 +310,8 @@ pub struct HostView {
 }
 
 impl HostView {
-    pub fn new(config: Config) -> Self {
+    pub fn new(mut config: Config) -> Self {
+        config.command_timeout_ms = config.command_timeout_ms.clamp(100, 600_000);
         let rng = SplitMix64::new(config.seed);
         let actions = config.actions.clone();
         Self {
