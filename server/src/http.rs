@@ -118,14 +118,28 @@ fn browser_reads(app: &Arc<App>) -> Router<Arc<App>> {
         .route_layer(cors)
 }
 
+/// Runs a request to its end in a task of its own. Hyper drops the handler of a request whose
+/// client went away: half way through, an admin kick left the kicked host in office (with its
+/// lease, and a host token that kept working until the lease lapsed), and a committed grant went
+/// without its log line.
+async fn to_the_end(req: Request, next: Next) -> Response {
+    tokio::spawn(next.run(req))
+        .await
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
 pub fn router(app: Arc<App>) -> Router {
     let mut r = Router::new()
         .route("/v1/rooms/{room}/ws", get(ws_upgrade))
         .route("/v1/rooms/{room}/commands", post(command))
-        .route("/v1/admin/rooms/{room}/reassign", post(admin_reassign))
-        .route("/v1/admin/rooms/{room}/kick", post(admin_kick))
-        .route("/v1/admin/rooms/{room}/close", post(admin_close))
-        .route("/v1/admin/rooms/{room}/ttl", post(admin_ttl))
+        .merge(
+            Router::new()
+                .route("/v1/admin/rooms/{room}/reassign", post(admin_reassign))
+                .route("/v1/admin/rooms/{room}/kick", post(admin_kick))
+                .route("/v1/admin/rooms/{room}/close", post(admin_close))
+                .route("/v1/admin/rooms/{room}/ttl", post(admin_ttl))
+                .route_layer(middleware::from_fn(to_the_end)),
+        )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_route));
     if app.cfg.dev {

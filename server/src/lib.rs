@@ -122,7 +122,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let tasks = rooms::spawn_background(app.clone());
+    let tasks = rooms::spawn_background(app.clone()).await;
     let router = http::router(app.clone());
     let res = axum::serve(
         listener,

@@ -628,16 +628,22 @@ pub fn correlation_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Starts the publisher, the notifier and the sweeper.
-pub fn spawn_background(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>> {
+/// Starts the publisher, the notifier and the sweeper. Returns once the publisher's and the
+/// sweeper's starting points are read: call it before accepting connections, or what is
+/// committed for them meanwhile (a grant, a kick through another process) would fall below
+/// those points and never be published or applied here.
+pub async fn spawn_background(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>> {
+    let outbox = newest_id("outbox", || app.store.outbox_max_id()).await;
+    // Kicks recorded before this process started concern no session of its own.
+    let kicks = newest_id("kick", || app.store.kicks_max_id()).await;
     let mut v = vec![
-        tokio::spawn(publisher(app.clone())),
+        tokio::spawn(publisher(app.clone(), outbox)),
         tokio::spawn(notifier(app.clone())),
     ];
     if app.cfg.webhook_url.is_some() {
         v.push(tokio::spawn(crate::webhook::worker(app.clone())));
     }
-    v.push(tokio::spawn(sweeper(app)));
+    v.push(tokio::spawn(sweeper(app, kicks)));
     v
 }
 
@@ -660,8 +666,7 @@ async fn newest_id<F: Future<Output = Result<i64, StoreError>>>(
 /// Tails the outbox (commit order) and publishes every item to this process's subscribers. Every
 /// process tails the same table, so clients of any process on the same database see every commit.
 /// Publishing happens only after commit, by construction.
-async fn publisher(app: Arc<App>) {
-    let mut last = newest_id("outbox", || app.store.outbox_max_id()).await;
+async fn publisher(app: Arc<App>, mut last: i64) {
     let poll = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000));
     loop {
         let _ = tokio::time::timeout(poll, app.committed.notified()).await;
@@ -742,10 +747,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Reassigns lapsed leases (decided on the store clock), elects in hostless rooms, and closes
 /// here the rooms another process closed.
-async fn sweeper(app: Arc<App>) {
+async fn sweeper(app: Arc<App>, mut last_kick: i64) {
     let mut ticks: u64 = 0;
-    // Kicks recorded before this process started concern no session of its own.
-    let mut last_kick = newest_id("kick", || app.store.kicks_max_id()).await;
     loop {
         tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 5000))).await;
         ticks += 1;

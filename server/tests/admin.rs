@@ -571,3 +571,55 @@ fn a_key_file_created_meanwhile_by_another_process_is_loaded() {
         assert_eq!(k.public().x, on_disk.public().x);
     }
 }
+
+/// An admin kick whose HTTP client gives up before the answer still replaces the kicked host
+/// (hyper dropped the handler half way: the host stayed in office, its token working, until its
+/// lease lapsed).
+#[tokio::test]
+async fn a_kick_whose_client_goes_away_still_replaces_the_host() {
+    let srv = start(hostlease_server::Config {
+        lease_ms: 60_000,
+        ..test_config()
+    })
+    .await;
+    let id = RoomId::new("kg").unwrap();
+    let mut a = srv.raw("kg", "alice", true).await;
+    a.until_host().await;
+    let mut b = srv.raw("kg", "bob", true).await;
+    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+        .await;
+    // The kick waits for the room's decisions, held here until its client has given up.
+    let hub = srv.app.rooms.lock().unwrap().get(&id).cloned().unwrap();
+    let decide = hub.decide.lock().await;
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/admin/rooms/kg/kick", srv.addr))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"participant": "alice"}))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(r.is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(decide);
+    drop(hub);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let row = loop {
+        let row = srv.app.store.room(&id).await.unwrap().unwrap();
+        if row.host.as_ref().is_some_and(|h| h.as_str() == "bob")
+            || tokio::time::Instant::now() >= deadline
+        {
+            break row;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(row.host.as_ref().map(|h| h.as_str()), Some("bob"));
+    let a = b
+        .until(|m| match m {
+            ServerMsg::Assignment(s) if s.assignment.reason == Reason::Kicked => {
+                Some(s.assignment.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(a.epoch, row.epoch);
+}

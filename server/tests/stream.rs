@@ -10,9 +10,14 @@ use common::*;
 use ed25519_dalek::{Signature, VerifyingKey};
 use hostlease::protocol::{
     codec::{signing_bytes, MAX_CLIENT_FRAME},
-    Action, ClientMsg, ErrorCode, IdempotencyKey, InboxPage, Item, KeySet, Outcome, RejectCode,
-    Role, RoomId, Seq, ServerMsg, Snapshot, Token,
+    Action, ClientMsg, Epoch, ErrorCode, IdempotencyKey, InboxEntry, InboxPage, Item, KeySet,
+    Outcome, ParticipantId, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId, Snapshot, Token,
 };
+use hostlease_server::store::{
+    CommandDone, CommandReq, GrantOutcome, GrantReq, Pending, RoomRow, SqliteStore, StoreResult,
+    Swept,
+};
+use hostlease_server::tokens::Keypair;
 
 async fn ptoken(r: &mut Raw) -> Token {
     r.until(|m| match m {
@@ -989,4 +994,147 @@ async fn leaving_refreshes_a_members_last_sighting() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(seen(db.clone()).await.unwrap() > old + 24 * 3600 * 1000);
+}
+
+/// A store whose outbox's newest id answers late, as a reader pool busy with a reconnect storm
+/// does at start-up; everything else is the SQLite store.
+struct SlowStart(hostlease_server::store::SqliteStore);
+
+#[async_trait::async_trait]
+impl hostlease_server::store::Store for SlowStart {
+    async fn outbox_max_id(&self) -> StoreResult<i64> {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        self.0.outbox_max_id().await
+    }
+    async fn now_ms(&self) -> StoreResult<u64> {
+        self.0.now_ms().await
+    }
+    async fn room(&self, r: &RoomId) -> StoreResult<Option<RoomRow>> {
+        self.0.room(r).await
+    }
+    async fn grant(&self, q: GrantReq, s: &Keypair) -> StoreResult<GrantOutcome> {
+        self.0.grant(q, s).await
+    }
+    async fn renew(
+        &self,
+        r: &RoomId,
+        e: Epoch,
+        h: &ParticipantId,
+        s: &SessionId,
+        l: u64,
+    ) -> StoreResult<Option<(u64, u64)>> {
+        self.0.renew(r, e, h, s, l).await
+    }
+    async fn close_hostless(&self, r: &RoomId, e: Epoch) -> StoreResult<bool> {
+        self.0.close_hostless(r, e).await
+    }
+    async fn set_ttl(&self, r: &RoomId, t: Option<u64>) -> StoreResult<()> {
+        self.0.set_ttl(r, t).await
+    }
+    fn command(&self, q: CommandReq, s: &Keypair) -> Pending<CommandDone> {
+        self.0.command(q, s)
+    }
+    async fn log_range(
+        &self,
+        r: &RoomId,
+        a: Seq,
+        u: Seq,
+        l: usize,
+    ) -> StoreResult<(Vec<Item>, Option<Seq>)> {
+        self.0.log_range(r, a, u, l).await
+    }
+    async fn outbox_after(&self, a: i64, l: i64) -> StoreResult<Vec<(i64, RoomId, Item)>> {
+        self.0.outbox_after(a, l).await
+    }
+    async fn unnotified(&self, l: i64) -> StoreResult<Vec<(i64, RoomId, String)>> {
+        self.0.unnotified(l).await
+    }
+    async fn notify(
+        &self,
+        r: &[(i64, RoomId, String)],
+        o: &std::collections::HashSet<(RoomId, ParticipantId)>,
+    ) -> StoreResult<usize> {
+        self.0.notify(r, o).await
+    }
+    async fn webhook_due(&self, l: i64, c: u64) -> StoreResult<Vec<(i64, String, String, i64)>> {
+        self.0.webhook_due(l, c).await
+    }
+    async fn webhook_result(&self, i: i64, d: bool, r: u64) -> StoreResult<()> {
+        self.0.webhook_result(i, d, r).await
+    }
+    async fn remember_participant(&self, r: &RoomId, p: &ParticipantId) -> StoreResult<()> {
+        self.0.remember_participant(r, p).await
+    }
+    async fn inbox(
+        &self,
+        r: &RoomId,
+        p: &ParticipantId,
+        s: u64,
+        l: i64,
+    ) -> StoreResult<Vec<InboxEntry>> {
+        self.0.inbox(r, p, s, l).await
+    }
+    async fn lapsed_rooms(&self, r: &[RoomId]) -> StoreResult<Swept> {
+        self.0.lapsed_rooms(r).await
+    }
+    async fn record_kick(&self, r: &RoomId, p: &ParticipantId) -> StoreResult<i64> {
+        self.0.record_kick(r, p).await
+    }
+    async fn kicks_after(&self, a: i64, l: i64) -> StoreResult<Vec<(i64, RoomId, ParticipantId)>> {
+        self.0.kicks_after(a, l).await
+    }
+    async fn kicks_max_id(&self) -> StoreResult<i64> {
+        self.0.kicks_max_id().await
+    }
+    async fn housekeeping(&self, k: i64) -> StoreResult<()> {
+        self.0.housekeeping(k).await
+    }
+}
+
+/// The server accepts connections only once its publisher knows where the outbox stands: a
+/// grant committed for the first member to join, while that read was still under way, was never
+/// published (the member never heard it was host, never got probed, and its lease lapsed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_commits_while_the_server_starts_is_published() {
+    use hostlease_server::{tokens::Verifier, App, Config};
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("h.db").display());
+    let store = SlowStart(SqliteStore::open(&db).await.unwrap());
+    let app_key = Keypair::generate("app-1");
+    let join = Verifier::from_keys(&[app_key.public()]).unwrap();
+    let cfg = Config {
+        lease_ms: 60_000,
+        sweep_ms: 20,
+        ..Config::default()
+    };
+    let app = App::new(
+        cfg,
+        std::sync::Arc::new(store),
+        Keypair::generate("srv-1"),
+        join,
+        None,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let a = app.clone();
+    tokio::spawn(async move { hostlease_server::serve(a, listener, std::future::pending()).await });
+    let mut alice = Raw::join(
+        addr,
+        "start",
+        &join_token(&app_key, "start", "alice", true),
+        None,
+    )
+    .await;
+    let got = tokio::time::timeout(
+        Duration::from_secs(10),
+        alice.until(|m| match m {
+            ServerMsg::Assignment(a) => Some(a.assignment.clone()),
+            _ => None,
+        }),
+    )
+    .await
+    .expect("the grant is published to the member it elected");
+    assert_eq!(got.host.as_ref().map(|h| h.as_str()), Some("alice"));
+    let row = app.store.room(&got.room).await.unwrap().unwrap();
+    assert_eq!(row.epoch, got.epoch);
 }
