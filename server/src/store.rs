@@ -21,7 +21,10 @@ use hostlease::protocol::{
     SessionId, SignedAssignment,
 };
 use sha2::{Digest, Sha256};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    Sqlite, SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions,
+    SqliteSynchronous,
+};
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use tokio::sync::{mpsc, oneshot};
@@ -875,6 +878,52 @@ impl SqliteStore {
     }
 }
 
+/// Housekeeping's deletes: `[idempotency, inbox, participants, outbox, log]`. Each deletes at
+/// most [`PRUNE_BATCH`] rows and finds them through an index (a test reads their query plans):
+/// one statement over a whole table held the one writer, and with it every lease renewal queued
+/// behind, for seconds. `?1` is the retention in ms (for the log: the room); for the outbox `?2`
+/// deletes rows whatever their webhook, for the log it is the newest seq to delete.
+pub fn prune_sql() -> [String; 5] {
+    let aged = |table: &str, key: &str, column: &str, more: &str| {
+        format!(
+            "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} \
+             WHERE {column} < {NOW} - ?1{more} LIMIT {PRUNE_BATCH})"
+        )
+    };
+    [
+        aged("idempotency", "rowid", "created_at", ""),
+        aged("inbox", "cursor", "created_at", ""),
+        aged("participants", "rowid", "seen_at", ""),
+        aged(
+            "outbox",
+            "id",
+            "created_at",
+            &format!(
+                " AND notified_at IS NOT NULL AND (webhook_done_at IS NOT NULL \
+                 OR webhook_attempts >= {WEBHOOK_MAX_ATTEMPTS} OR ?2)"
+            ),
+        ),
+        format!(
+            "DELETE FROM log WHERE rowid IN (SELECT rowid FROM log WHERE room = ?1 AND seq <= ?2 \
+             LIMIT {PRUNE_BATCH})"
+        ),
+    ]
+}
+
+impl SqliteStore {
+    /// Runs one of [`prune_sql`]'s deletes until a batch comes back short, each batch its own
+    /// transaction on the writer, so that what is queued for it goes in between.
+    async fn prune<'q>(
+        &self,
+        query: impl Fn() -> sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>,
+    ) -> StoreResult<()> {
+        while query().execute(&self.writer).await?.rows_affected() == PRUNE_BATCH {
+            tokio::task::yield_now().await;
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn now_ms(&self) -> StoreResult<u64> {
@@ -1222,25 +1271,6 @@ impl Store for SqliteStore {
     async fn housekeeping(&self, keep_log: i64) -> StoreResult<()> {
         let q = format!("DELETE FROM kicks WHERE created_at < {NOW} - 3600000");
         sqlx::query(&q).execute(&self.writer).await?;
-        let q = format!("DELETE FROM idempotency WHERE created_at < {NOW} - ?");
-        sqlx::query(&q)
-            .bind(IDEMPOTENCY_RETENTION_MS)
-            .execute(&self.writer)
-            .await?;
-        sqlx::query(
-            "DELETE FROM log WHERE seq <= (SELECT r.seq FROM rooms r WHERE r.room = log.room) - ?",
-        )
-        .bind(keep_log)
-        .execute(&self.writer)
-        .await?;
-        let q = format!(
-            "DELETE FROM outbox WHERE notified_at IS NOT NULL AND created_at < {NOW} - 3600000 \
-             AND (webhook_done_at IS NOT NULL OR webhook_attempts >= {WEBHOOK_MAX_ATTEMPTS} OR ?1)"
-        );
-        sqlx::query(&q)
-            .bind(!self.keep_for_webhook)
-            .execute(&self.writer)
-            .await?;
         // Rows a process of the code before migration 0005 wrote (during a rolling upgrade)
         // carry 0: they count from now.
         for q in [
@@ -1249,32 +1279,47 @@ impl Store for SqliteStore {
         ] {
             sqlx::query(&q).execute(&self.writer).await?;
         }
-        // In short batches on the writer, each its own transaction: a week's backlog deleted in
-        // one statement would hold up the lease renewals and commands queued behind it.
+        let [idempotency, inbox, participants, outbox, log] = prune_sql();
         for (q, keep) in [
-            (
-                format!(
-                    "DELETE FROM inbox WHERE cursor IN (SELECT cursor FROM inbox \
-                     WHERE created_at < {NOW} - ? LIMIT {PRUNE_BATCH})"
-                ),
-                self.inbox_retention_ms,
-            ),
-            (
-                format!(
-                    "DELETE FROM participants WHERE rowid IN (SELECT rowid FROM participants \
-                     WHERE seen_at < {NOW} - ? LIMIT {PRUNE_BATCH})"
-                ),
-                self.participant_retention_ms,
-            ),
+            (idempotency, IDEMPOTENCY_RETENTION_MS),
+            (inbox, self.inbox_retention_ms),
+            (participants, self.participant_retention_ms),
         ] {
-            while sqlx::query(&q)
-                .bind(keep)
-                .execute(&self.writer)
-                .await?
-                .rows_affected()
-                == PRUNE_BATCH
-            {
-                tokio::task::yield_now().await;
+            self.prune(|| sqlx::query(&q).bind(keep)).await?;
+        }
+        self.prune(|| {
+            sqlx::query(&outbox)
+                .bind(3_600_000i64)
+                .bind(!self.keep_for_webhook)
+        })
+        .await?;
+        // Each room's log is trimmed to its newest `keep_log` items. The rooms and their oldest
+        // retained seq are read on the readers (an index look-up per room); only a log that
+        // needs trimming takes the writer.
+        let mut after = String::new();
+        loop {
+            let rooms: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT room, seq FROM rooms WHERE room > ? AND seq > ? ORDER BY room LIMIT 500",
+            )
+            .bind(&after)
+            .bind(keep_log)
+            .fetch_all(&self.pool)
+            .await?;
+            let Some((last, _)) = rooms.last() else {
+                break;
+            };
+            after = last.clone();
+            for (room, seq) in rooms {
+                let upto = seq - keep_log;
+                let oldest: Option<i64> =
+                    sqlx::query_scalar("SELECT MIN(seq) FROM log WHERE room = ?")
+                        .bind(&room)
+                        .fetch_one(&self.pool)
+                        .await?;
+                if oldest.is_some_and(|o| o <= upto) {
+                    self.prune(|| sqlx::query(&log).bind(&room).bind(upto))
+                        .await?;
+                }
             }
         }
         Ok(())

@@ -311,3 +311,78 @@ async fn inbox_entries_and_forgotten_participants_are_pruned() {
         "the 2,500 old rows go; the fresh two and the unstamped one stay"
     );
 }
+
+/// Housekeeping's deletes go a batch at a time through an index, never over a whole table (a
+/// full scan of the room log or of the idempotency records on the one writer connection held up
+/// every lease renewal queued behind it, for seconds with millions of rows).
+#[tokio::test]
+async fn housekeeping_deletes_find_their_rows_through_an_index() {
+    let (_dir, store) = temp_store().await;
+    for q in hostlease_server::store::prune_sql() {
+        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&format!("EXPLAIN QUERY PLAN {q}"))
+            .bind(1_000i64)
+            .bind(1_000i64)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        let steps: Vec<&str> = plan.iter().map(|r| r.3.as_str()).collect();
+        assert!(
+            steps.iter().all(|s| !s.starts_with("SCAN ")),
+            "{q}\n{steps:?}"
+        );
+        assert!(q.contains(" LIMIT "), "{q}");
+    }
+}
+
+/// Each room's log is trimmed to its newest items (a backlog larger than one batch entirely),
+/// a short log is left alone, and a backlog of old idempotency records goes entirely.
+#[tokio::test]
+async fn housekeeping_trims_every_room_log_and_old_idempotency_records() {
+    let (_dir, store) = temp_store().await;
+    let now = hostlease_server::store::NOW;
+    for (room, seq) in [("a", 2500), ("b", 5), ("c", 1200)] {
+        sqlx::query("INSERT INTO rooms (room, seq) VALUES (?, ?)")
+            .bind(room)
+            .bind(seq)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {seq}) \
+             INSERT INTO log (room, seq, item) SELECT '{room}', i, '{{}}' FROM n"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    sqlx::query(&format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500) \
+         INSERT INTO idempotency (room, sub, key, request_hash, outcome, created_at) \
+         SELECT 'a', 'p', 'k' || i, 'h', 'o', {now} - 3 * 86400000 FROM n"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO idempotency (room, sub, key, request_hash, outcome, created_at) \
+         VALUES ('a', 'p', 'fresh', 'h', 'o', {now})"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.housekeeping(100).await.unwrap();
+    for (room, first, last) in [("a", 2401, 2500), ("b", 1, 5), ("c", 1101, 1200)] {
+        let (lo, hi, n): (i64, i64, i64) =
+            sqlx::query_as("SELECT MIN(seq), MAX(seq), COUNT(*) FROM log WHERE room = ?")
+                .bind(room)
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        assert_eq!((lo, hi, n), (first, last, last - first + 1), "room {room}");
+    }
+    let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM idempotency")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(keys, vec!["fresh".to_string()]);
+}

@@ -1,0 +1,5 @@
+-- Housekeeping deletes idempotency records and outbox rows by age, a batch at a time, through
+-- these indexes: without them every batch scanned its whole table on the one writer connection,
+-- holding up the lease renewals queued behind it.
+CREATE INDEX idempotency_by_age ON idempotency (created_at);
+CREATE INDEX outbox_by_age ON outbox (created_at);
