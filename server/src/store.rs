@@ -156,18 +156,64 @@ fn stored<T: FromJson>(text: &str) -> Result<T, DecodeError> {
 }
 
 /// The hash of a request stored with its idempotency key: SHA-256 over
-/// `action \n canonical-JSON(payload)` (keys sorted, no whitespace), identical for WebSocket and
-/// HTTP. A payload serde_json cannot represent (a number beyond `f64`, which the protocol's
-/// grammar allows) is hashed as its text.
+/// `action \n canonical-JSON(payload)`, identical for WebSocket and HTTP (see [`canonical`]).
 pub fn request_hash(action: &Action, payload: &Json) -> String {
     let mut h = Sha256::new();
     h.update(action.as_str().as_bytes());
     h.update(b"\n");
-    match payload.value() {
-        Some(v) => h.update(v.to_string().as_bytes()),
-        None => h.update(payload.as_str().as_bytes()),
-    }
+    let mut text = String::with_capacity(payload.as_str().len());
+    canonical(payload.as_str(), &mut text);
+    h.update(text.as_bytes());
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes one JSON value (already checked) in canonical form: no whitespace, object keys sorted
+/// (of a repeated key, the last counts), strings escaped as serde_json escapes them — as the
+/// `serde_json::Value` this used to go through wrote them — and numbers as their own text:
+/// through `Value` they became `f64`s, so that two different numbers past 2^53 (or two long
+/// decimals) hashed the same, and the second request was answered as a repeat of the first.
+fn canonical(text: &str, out: &mut String) {
+    use hostlease::protocol::json::Reader;
+    let string = |s: &str, out: &mut String| {
+        out.push_str(&serde_json::Value::from(s).to_string());
+    };
+    let mut r = Reader::new(text);
+    match text.as_bytes().first() {
+        Some(b'{') => {
+            let mut entries = std::collections::BTreeMap::new();
+            let _ = r.object(|r, k| {
+                entries.insert(k.to_string(), r.skip()?);
+                Ok(())
+            });
+            out.push('{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                string(&k, out);
+                out.push(':');
+                canonical(v, out);
+            }
+            out.push('}');
+        }
+        Some(b'[') => {
+            out.push('[');
+            let mut first = true;
+            let _ = r.array(|r| {
+                if !std::mem::take(&mut first) {
+                    out.push(',');
+                }
+                canonical(r.skip()?, out);
+                Ok(())
+            });
+            out.push(']');
+        }
+        Some(b'"') => match r.str() {
+            Ok(s) => string(&s, out),
+            Err(_) => out.push_str(text),
+        },
+        _ => out.push_str(text),
+    }
 }
 
 #[async_trait]

@@ -386,3 +386,49 @@ async fn housekeeping_trims_every_room_log_and_old_idempotency_records() {
         .unwrap();
     assert_eq!(keys, vec!["fresh".to_string()]);
 }
+
+/// The idempotency hash: the same request written differently (whitespace, key order, escapes)
+/// hashes the same, as the old `serde_json::Value` form did for every payload it could read
+/// exactly; two different numbers that one `f64` stands for do not (the second request was
+/// answered as a repeat of the first, its payload dropped).
+#[test]
+fn the_request_hash_tells_every_different_payload_apart() {
+    use hostlease::protocol::json::Json;
+    use hostlease_server::store::request_hash;
+    use sha2::{Digest, Sha256};
+    let vote = Action::new("vote").unwrap();
+    let hash = |text: &str| request_hash(&vote, &Json::parse(text).unwrap());
+    for (a, b) in [
+        (
+            r#"{"n":18446744073709551616}"#,
+            r#"{"n":18446744073709551617}"#,
+        ),
+        (r#"{"n":9007199254740993}"#, r#"{"n":9007199254740992.0}"#),
+        (r#"[0.1000000000000000055511151231257827]"#, r#"[0.1]"#),
+    ] {
+        assert_ne!(hash(a), hash(b), "{a} and {b}");
+    }
+    assert_eq!(
+        hash(r#" { "b" : [1, true, null], "a": "x\u00e9\/", "a": "y" } "#),
+        hash(r#"{"a":"y","b":[1,true,null]}"#)
+    );
+    // Stored hashes of payloads the old form read exactly stay valid across the upgrade.
+    for text in [
+        r#"{"choice":"b","n":3,"ratio":0.25,"tags":["x","é\u0001"],"z":{"k":-7}}"#,
+        r#"[1, 2.5, "\"quoted\"", {"b":false,"a":null}]"#,
+        r#""plain""#,
+        "12",
+    ] {
+        let old = {
+            let v: serde_json::Value = serde_json::from_str(text).unwrap();
+            let mut h = Sha256::new();
+            h.update(b"vote\n");
+            h.update(v.to_string().as_bytes());
+            h.finalize()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        assert_eq!(hash(text), old, "{text}");
+    }
+}
