@@ -3,3 +3,5 @@
 -- holding up the lease renewals queued behind it.
 CREATE INDEX idempotency_by_age ON idempotency (created_at);
 CREATE INDEX outbox_by_age ON outbox (created_at);
+-- The webhook worker's rows still to deliver (it polled the whole outbox on the writer).
+CREATE INDEX outbox_webhook_pending ON outbox (id) WHERE webhook_done_at IS NULL;

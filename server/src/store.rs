@@ -46,8 +46,10 @@ const SEEN_REFRESH_MS: i64 = 24 * 3600 * 1000;
 /// Rows deleted per statement by housekeeping's retention.
 const PRUNE_BATCH: u64 = 1000;
 
-/// Webhook deliveries of one outbox row give up after this many attempts.
-pub const WEBHOOK_MAX_ATTEMPTS: i64 = 12;
+/// A webhook delivery is retried (backoff capped at 5 min) for this long after its commit: a
+/// receiver down for a deploy or a partition misses nothing. Given up after, counted in
+/// `hostlease_webhook_given_up_total` with a WARN line.
+pub const WEBHOOK_RETENTION_MS: i64 = 24 * 3600 * 1000;
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
@@ -156,7 +158,7 @@ fn stored<T: FromJson>(text: &str) -> Result<T, DecodeError> {
 }
 
 /// The hash of a request stored with its idempotency key: SHA-256 over
-/// `action \n canonical-JSON(payload)`, identical for WebSocket and HTTP (see [`canonical`]).
+/// `action \n canonical-JSON(payload)`, identical for WebSocket and HTTP (see `canonical`).
 pub fn request_hash(action: &Action, payload: &Json) -> String {
     let mut h = Sha256::new();
     h.update(action.as_str().as_bytes());
@@ -925,7 +927,7 @@ impl SqliteStore {
 }
 
 /// Housekeeping's deletes: `[idempotency, inbox, participants, outbox, log]`. Each deletes at
-/// most [`PRUNE_BATCH`] rows and finds them through an index (a test reads their query plans):
+/// most `PRUNE_BATCH` rows and finds them through an index (a test reads their query plans):
 /// one statement over a whole table held the one writer, and with it every lease renewal queued
 /// behind, for seconds. `?1` is the retention in ms (for the log: the room); for the outbox `?2`
 /// deletes rows whatever their webhook, for the log it is the newest seq to delete.
@@ -946,7 +948,7 @@ pub fn prune_sql() -> [String; 5] {
             "created_at",
             &format!(
                 " AND notified_at IS NOT NULL AND (webhook_done_at IS NOT NULL \
-                 OR webhook_attempts >= {WEBHOOK_MAX_ATTEMPTS} OR ?2)"
+                 OR created_at < {NOW} - {WEBHOOK_RETENTION_MS} OR ?2)"
             ),
         ),
         format!(
@@ -1180,12 +1182,12 @@ impl Store for SqliteStore {
         let q = format!(
             "UPDATE outbox SET webhook_next_at = {NOW} + ? WHERE id IN (\
              SELECT id FROM outbox WHERE webhook_done_at IS NULL AND webhook_next_at <= {NOW} \
-             AND webhook_attempts < ? ORDER BY id LIMIT ?) \
+             AND created_at >= {NOW} - ? ORDER BY id LIMIT ?) \
              RETURNING id, kind || ':' || dedup_key, item, webhook_attempts"
         );
         let mut rows: Vec<(i64, String, String, i64)> = sqlx::query_as(&q)
             .bind(claim_ms as i64)
-            .bind(WEBHOOK_MAX_ATTEMPTS)
+            .bind(WEBHOOK_RETENTION_MS)
             .bind(limit)
             .fetch_all(&mut *tx)
             .await?;
@@ -1332,6 +1334,18 @@ impl Store for SqliteStore {
             (participants, self.participant_retention_ms),
         ] {
             self.prune(|| sqlx::query(&q).bind(keep)).await?;
+        }
+        if self.keep_for_webhook {
+            // Rows whose delivery is given up, each counted once (they are deleted just below).
+            let q = format!(
+                "SELECT COUNT(*) FROM outbox WHERE created_at < {NOW} - {WEBHOOK_RETENTION_MS} \
+                 AND webhook_done_at IS NULL AND notified_at IS NOT NULL"
+            );
+            let lost: i64 = sqlx::query_scalar(&q).fetch_one(&self.pool).await?;
+            if lost > 0 {
+                tracing::warn!(rows = lost, "webhook deliveries given up after 24 h");
+                metrics::counter!("hostlease_webhook_given_up_total").increment(lost as u64);
+            }
         }
         self.prune(|| {
             sqlx::query(&outbox)

@@ -1,5 +1,5 @@
 //! Durable notification by webhook: every outbox row is POSTed to the configured URL, with
-//! retry and exponential backoff, until a 2xx answer.
+//! retry and exponential backoff, until a 2xx answer (for at most a day: `WEBHOOK_RETENTION_MS`).
 //!
 //! Request: `POST <url>`, body = the item JSON (`{"kind":"assignment",...}` or
 //! `{"kind":"event",...}`), headers `Content-Type: application/json`,

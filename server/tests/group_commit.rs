@@ -432,3 +432,46 @@ fn the_request_hash_tells_every_different_payload_apart() {
         assert_eq!(hash(text), old, "{text}");
     }
 }
+
+/// A webhook delivery is retried for 24 h after its commit, however many attempts failed (it was
+/// given up after 12, some 10–20 minutes of backoff: a receiver down for a deploy lost what was
+/// committed meanwhile); past that it is no longer tried, and housekeeping deletes it.
+#[tokio::test]
+async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
+    let (_dir, mut store) = temp_store().await;
+    store.keep_for_webhook = true;
+    let keys = Keypair::generate("k1");
+    let room = RoomId::new("wh").unwrap();
+    let holder = (
+        ParticipantId::new("h").unwrap(),
+        SessionId::new("h-s").unwrap(),
+    );
+    for epoch in 0..2 {
+        grant_won(&store, &keys, &room, epoch, holder.clone()).await;
+    }
+    notify_all(&store).await;
+    let now = hostlease_server::store::NOW;
+    // Both failed 40 times; the first was committed two hours ago, the second 25 hours ago.
+    for (seq, age_h) in [(1, 2), (2, 25)] {
+        sqlx::query(&format!(
+            "UPDATE outbox SET webhook_attempts = 40, created_at = {now} - {age_h} * 3600000 \
+             WHERE seq = ?"
+        ))
+        .bind(seq)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    let due = store.webhook_due(64, 30_000).await.unwrap();
+    assert_eq!(
+        due.iter().map(|r| (r.1.as_str(), r.3)).collect::<Vec<_>>(),
+        vec![("assignment:wh:1", 40)],
+        "retried after 40 failures within the day; not past it"
+    );
+    store.housekeeping(10_000).await.unwrap();
+    let left: Vec<i64> = sqlx::query_scalar("SELECT seq FROM outbox ORDER BY seq")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, vec![1], "the row given up is deleted, the other kept");
+}
