@@ -920,7 +920,7 @@ impl SqliteStore {
     }
 
     /// Transactions committed so far for commands and lease renewals (each carries a group of
-    /// them; see [`GroupCommit`]).
+    /// them; see `GroupCommit`).
     pub fn group_commits(&self) -> u64 {
         self.group.commits.load(Ordering::Relaxed)
     }
