@@ -24,11 +24,19 @@ use crate::Config;
 pub const PRESENCE_CHUNK: usize = 1024;
 
 /// What a room's broadcast carries: a stream item or a presence change, pre-encoded once. The
-/// frame's bytes are shared by every receiver (a clone is a reference count, not a copy).
+/// frame's bytes are shared by every receiver (a clone is a reference count, not a copy). Of an
+/// item only the frame is kept, and an assignment's decoded form (sessions act on it): a
+/// receiver that reads slowly keeps up to the channel's capacity of them alive, and an event's
+/// payload (up to 59 KiB) was held twice.
 #[derive(Debug, Clone)]
 pub enum Bcast {
-    Item { item: Arc<Item>, frame: Utf8Bytes },
-    Presence { frame: Utf8Bytes },
+    Item {
+        assignment: Option<Arc<SignedAssignment>>,
+        frame: Utf8Bytes,
+    },
+    Presence {
+        frame: Utf8Bytes,
+    },
 }
 
 /// Messages addressed to one connection.
@@ -195,15 +203,16 @@ impl Room {
             return;
         }
         st.seq = item.seq();
-        let frame = match &item {
+        let (assignment, frame) = match item {
             Item::Assignment(a) => {
                 st.current = a.clone();
-                encode_server(&ServerMsg::Assignment(a.clone()))
+                let frame = encode_server(&ServerMsg::Assignment(a.clone()));
+                (Some(Arc::new(a)), frame)
             }
-            Item::Event(e) => encode_server(&ServerMsg::Event(e.clone())),
+            Item::Event(e) => (None, encode_server(&ServerMsg::Event(e))),
         };
         let _ = self.tx.send(Bcast::Item {
-            item: Arc::new(item),
+            assignment,
             frame: frame.into(),
         });
         self.published.notify_waiters();

@@ -882,19 +882,21 @@ impl Conn {
         if self.sink.feed(Message::Text(f)).await.is_err() {
             return Flow::End(false);
         }
-        if let Bcast::Item { item, .. } = b {
-            if let Item::Assignment(a) = item.as_ref() {
-                if a.assignment.names(&self.me, &self.session) {
-                    // A new grant to this session: the assignment went first, the probe follows.
-                    self.host_ttl = a.assignment.lease_ms.max(3);
-                    self.become_host(a.assignment.epoch);
-                    if let Flow::End(e) = self.probe().await {
-                        return Flow::End(e);
-                    }
-                } else {
-                    self.host_epoch = None;
-                    self.next_probe = None;
+        if let Bcast::Item {
+            assignment: Some(a),
+            ..
+        } = b
+        {
+            if a.assignment.names(&self.me, &self.session) {
+                // A new grant to this session: the assignment went first, the probe follows.
+                self.host_ttl = a.assignment.lease_ms.max(3);
+                self.become_host(a.assignment.epoch);
+                if let Flow::End(e) = self.probe().await {
+                    return Flow::End(e);
                 }
+            } else {
+                self.host_epoch = None;
+                self.next_probe = None;
             }
         }
         Flow::Continue
