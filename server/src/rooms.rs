@@ -13,7 +13,7 @@ use hostlease::protocol::{
     codec::encode_server, Assignment, Epoch, ErrorCode, Item, Member, ParticipantId, Reason,
     RoomId, Seq, ServerMsg, ServerTime, SessionId, SignedAssignment, Snapshot,
 };
-use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::sync::{broadcast, mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::store::{GrantOutcome, GrantReq, RoomRow, Store, StoreError};
 use crate::tokens::{Keypair, Verifier};
@@ -42,9 +42,35 @@ pub enum Bcast {
 /// Messages addressed to one connection.
 #[derive(Debug)]
 pub enum Direct {
-    Frame(String),
+    /// A frame for this session alone (a signal; shared by its recipients, not copied).
+    Frame(Utf8Bytes),
     /// Send this error frame and close.
     Close(String),
+}
+
+/// Bytes of frames queued for one session at most (on top of the 256 frames its queue holds):
+/// a signal past it is dropped, as one to a full queue is. Signals are up to 64 KiB, so a sender
+/// flooding a member that reads slowly held 16 MiB there, and could do so to every member.
+pub const OUTLET_BYTES: usize = 1 << 20;
+
+/// A message in a session's queue, with the share of the queue's byte budget it holds until the
+/// session has written it (dropped with it).
+#[derive(Debug)]
+pub struct Queued(pub Direct, pub Option<OwnedSemaphorePermit>);
+
+/// The sending side of one session's queue of [`Direct`] messages.
+#[derive(Debug, Clone)]
+pub struct Outlet {
+    tx: mpsc::Sender<Queued>,
+    bytes: Arc<Semaphore>,
+}
+
+impl Outlet {
+    pub fn new() -> (Self, mpsc::Receiver<Queued>) {
+        let (tx, rx) = mpsc::channel(256);
+        let bytes = Arc::new(Semaphore::new(OUTLET_BYTES));
+        (Self { tx, bytes }, rx)
+    }
 }
 
 pub struct RoomState {
@@ -52,7 +78,7 @@ pub struct RoomState {
     /// The last seq published to this process's subscribers.
     pub seq: Seq,
     pub members: Vec<Member>,
-    pub conns: HashMap<SessionId, mpsc::Sender<Direct>>,
+    pub conns: HashMap<SessionId, Outlet>,
     pub next_join: u64,
     pub closed: bool,
     /// Presence changes not yet sent (see [`Room::announce`]).
@@ -236,15 +262,35 @@ impl Room {
     }
 }
 
-/// Queues `msg` for one session. A frame is dropped when the session's queue is full (a flood
-/// of signals), but a close never is: it waits for room in a task of its own, which ends when the
-/// session reads it or is gone.
-pub fn deliver(tx: &mpsc::Sender<Direct>, msg: Direct) {
-    if let Err(mpsc::error::TrySendError::Full(m @ Direct::Close(_))) = tx.try_send(msg) {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let _ = tx.send(m).await;
-        });
+/// Queues `msg` for one session. A frame is dropped when the session's queue is full or holds
+/// [`OUTLET_BYTES`] already (a flood of signals; counted in `hostlease_signals_dropped_total`),
+/// but a close never is: it waits for room in a task of its own, which ends when the session
+/// reads it or is gone.
+pub fn deliver(to: &Outlet, msg: Direct) {
+    let held = match &msg {
+        Direct::Frame(f) => {
+            let n = u32::try_from(f.len()).unwrap_or(u32::MAX);
+            match to.bytes.clone().try_acquire_many_owned(n) {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    metrics::counter!("hostlease_signals_dropped_total").increment(1);
+                    return;
+                }
+            }
+        }
+        Direct::Close(_) => None,
+    };
+    match to.tx.try_send(Queued(msg, held)) {
+        Err(mpsc::error::TrySendError::Full(m @ Queued(Direct::Close(_), _))) => {
+            let tx = to.tx.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(m).await;
+            });
+        }
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            metrics::counter!("hostlease_signals_dropped_total").increment(1);
+        }
+        _ => {}
     }
 }
 
@@ -1103,5 +1149,36 @@ mod tests {
         hub.publish(Item::Assignment(newer.clone()));
         app.load(&hub).await.unwrap();
         assert_eq!(snapshot_of(&hub), (Seq(3), newer));
+    }
+
+    /// A session's queue holds at most `OUTLET_BYTES` of signals: a sender flooding a member
+    /// that reads slowly can no longer park 256 frames of 64 KiB there. What the session writes
+    /// gives its bytes back; a close goes in whatever the queue holds.
+    #[tokio::test]
+    async fn a_session_queue_is_bounded_in_bytes() {
+        let (out, mut rx) = Outlet::new();
+        let frame: Utf8Bytes = "x".repeat(60 * 1024).into();
+        for _ in 0..40 {
+            deliver(&out, Direct::Frame(frame.clone()));
+        }
+        let fit = OUTLET_BYTES / frame.len();
+        let mut queued = Vec::new();
+        while let Ok(q) = rx.try_recv() {
+            queued.push(q);
+        }
+        assert_eq!(
+            queued.len(),
+            fit,
+            "{fit} frames of 60 KiB fit in the budget"
+        );
+        deliver(&out, Direct::Close("bye".into()));
+        assert!(matches!(rx.try_recv(), Ok(Queued(Direct::Close(_), _))));
+        // Written (dropped): their bytes are free again.
+        queued.clear();
+        deliver(&out, Direct::Frame(frame.clone()));
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Queued(Direct::Frame(_), Some(_)))
+        ));
     }
 }

@@ -349,7 +349,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     };
     let session = random_session();
     let presence_interval = Duration::from_millis(app.cfg.presence_ms);
-    let (dtx, drx) = mpsc::channel::<Direct>(256);
+    let (dtx, drx) = crate::rooms::Outlet::new();
     // The subscription point: join, snapshot and subscribe under one lock, so that nothing
     // published falls between the snapshot and the stream.
     let joined = {
@@ -486,7 +486,7 @@ impl Conn {
         snapshot: hostlease::protocol::Snapshot,
         resume: Option<Seq>,
         rx: broadcast::Receiver<Bcast>,
-        mut drx: mpsc::Receiver<Direct>,
+        mut drx: mpsc::Receiver<crate::rooms::Queued>,
         stream: &mut Stream,
     ) -> bool {
         if !self.welcome(snapshot, resume).await {
@@ -548,10 +548,11 @@ impl Conn {
                     None => Flow::End(false),
                 },
                 d = drx.recv() => match d {
-                    Some(Direct::Frame(f)) => {
-                        if self.sink.send(Message::Text(f.into())).await.is_ok() { Flow::Continue } else { Flow::End(false) }
+                    // The frame's share of the queue's bytes is held until it is written.
+                    Some(crate::rooms::Queued(Direct::Frame(f), _held)) => {
+                        if self.sink.send(Message::Text(f)).await.is_ok() { Flow::Continue } else { Flow::End(false) }
                     }
-                    Some(Direct::Close(f)) => {
+                    Some(crate::rooms::Queued(Direct::Close(f), _)) => {
                         // What was published before the close goes out first (a room's closing
                         // assignment before its `room_closed`).
                         if let Flow::End(e) = self.drain_broadcasts(&mut rx).await {
@@ -1036,11 +1037,12 @@ impl Conn {
                 to_session,
                 data,
             } => {
-                let f = encode_server(&ServerMsg::Signal {
+                let f: axum::extract::ws::Utf8Bytes = encode_server(&ServerMsg::Signal {
                     from: self.me.clone(),
                     from_session: self.session.clone(),
                     data,
-                });
+                })
+                .into();
                 self.app.direct(
                     &self.room,
                     |m| m.id == to && to_session.as_ref().is_none_or(|s| &m.session == s),
