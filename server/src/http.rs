@@ -412,17 +412,12 @@ async fn admin_reassign_in(
         Ok(r) => r,
         Err(_) => return (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
     };
-    let members = hub.members();
     let cur_session = row.as_ref().and_then(|r| r.session.clone());
     let next = match &body.to {
-        Some(to) => hostlease::core::elect(members.iter().filter(|m| &m.id == to)),
-        None => hostlease::core::elect(
-            members
-                .iter()
-                .filter(|m| Some(&m.session) != cur_session.as_ref()),
-        ),
-    }
-    .map(|m| (m.id.clone(), m.session.clone()));
+        Some(to) => hostlease::core::elect(hub.members().iter().filter(|m| &m.id == to))
+            .map(|m| (m.id.clone(), m.session.clone())),
+        None => hub.next_holder(cur_session.as_ref()),
+    };
     if body.to.is_some() && next.is_none() {
         return (
             StatusCode::NOT_FOUND,

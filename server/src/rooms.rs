@@ -78,6 +78,11 @@ pub struct RoomState {
     /// The last seq published to this process's subscribers.
     pub seq: Seq,
     pub members: Vec<Member>,
+    /// Sessions whose lease lapsed and that have not answered the server since (an echo or a
+    /// resume): passed over by elections while another eligible member is connected. Two tabs
+    /// frozen in the background (or two sessions that never answer a probe) otherwise handed
+    /// the role to each other for ever, and a member that answers never got it.
+    pub lapsed: HashSet<SessionId>,
     pub conns: HashMap<SessionId, Outlet>,
     pub next_join: u64,
     pub closed: bool,
@@ -120,6 +125,7 @@ impl Room {
                 current: genesis,
                 seq: Seq::ZERO,
                 members: Vec::new(),
+                lapsed: HashSet::new(),
                 conns: HashMap::new(),
                 next_join: 1,
                 closed: false,
@@ -220,6 +226,16 @@ impl Room {
 
     pub fn members(&self) -> Vec<Member> {
         self.state.lock().expect("room lock").members.clone()
+    }
+
+    /// Who the room's election picks among its members but `except`: a session whose lease
+    /// lapsed (see [`RoomState::lapsed`]) only when no other member is eligible.
+    pub fn next_holder(&self, except: Option<&SessionId>) -> Option<(ParticipantId, SessionId)> {
+        let st = self.state.lock().expect("room lock");
+        let eligible = st.members.iter().filter(|m| Some(&m.session) != except);
+        elect(eligible.clone().filter(|m| !st.lapsed.contains(&m.session)))
+            .or_else(|| elect(eligible))
+            .map(|m| (m.id.clone(), m.session.clone()))
     }
 
     /// Applies a committed item in seq order and broadcasts it; older ones are dropped.
@@ -516,7 +532,7 @@ impl App {
         for _ in 0..5 {
             let Some(row) = self.store.room(&room.id).await? else {
                 // Never granted: hostless at epoch 0.
-                let next = elect(room.members().iter()).map(|m| (m.id.clone(), m.session.clone()));
+                let next = room.next_holder(None);
                 if next.is_none() {
                     return Ok(());
                 }
@@ -529,17 +545,17 @@ impl App {
             if row.closed || row.lease_live() {
                 return Ok(());
             }
-            let members = room.members();
+            if let (Some(_), Some(s)) = (&row.host, &row.session) {
+                let mut st = room.state.lock().expect("room lock");
+                if st.members.iter().any(|m| &m.session == s) {
+                    st.lapsed.insert(s.clone());
+                }
+            }
             // A session that let its lease lapse is passed over while another eligible member
             // is connected; alone, it is granted again (a new grant, so a new epoch).
-            let others = elect(
-                members
-                    .iter()
-                    .filter(|m| Some(&m.session) != row.session.as_ref()),
-            );
-            let next = others
-                .or_else(|| elect(members.iter()))
-                .map(|m| (m.id.clone(), m.session.clone()));
+            let next = room
+                .next_holder(row.session.as_ref())
+                .or_else(|| room.next_holder(None));
             let reason = if row.host.is_some() {
                 Reason::LeaseLapsed
             } else if next.is_none() {
@@ -573,9 +589,7 @@ impl App {
             if row.session.as_ref() != Some(session) || row.closed {
                 return Ok(None);
             }
-            let members = room.members();
-            let next = elect(members.iter().filter(|m| &m.session != session))
-                .map(|m| (m.id.clone(), m.session.clone()));
+            let next = room.next_holder(Some(session));
             let req = self.grant_req(room, row.epoch, next, reason, false);
             if let Some(a) = self.grant(req, Some(&row), correlation).await? {
                 return Ok(Some(a.assignment.seq));

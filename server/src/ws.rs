@@ -418,6 +418,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     {
         let mut st = room.state.lock().expect("room lock");
         st.members.retain(|m| m.session != session);
+        st.lapsed.remove(&session);
         st.conns.remove(&session);
     }
     let mut granted = false;
@@ -734,6 +735,17 @@ impl Conn {
         }
     }
 
+    /// The client answered (an echo, a resume): if its lease had lapsed, elections no longer
+    /// pass it over.
+    fn answered(&self) {
+        self.room
+            .state
+            .lock()
+            .expect("room lock")
+            .lapsed
+            .remove(&self.session);
+    }
+
     async fn on_echo(&mut self, nonce: u64) -> Flow {
         let Some(epoch) = self.host_epoch else {
             return Flow::Continue;
@@ -746,6 +758,7 @@ impl Conn {
         };
         let (_, probed, sent) = self.probes[i];
         self.probes.drain(..=i);
+        self.answered();
         if probed != epoch {
             return Flow::Continue;
         }
@@ -961,6 +974,7 @@ impl Conn {
                 Flow::End(false)
             }
             ClientMsg::Resume { cursor } => {
+                self.answered();
                 while let Err(ms) = self.resume_rate.admit() {
                     metrics::counter!("hostlease_resumes_paced_total").increment(1);
                     tokio::time::sleep(Duration::from_millis(ms)).await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use hostlease::core::{Event, Phase};
-use hostlease::protocol::{Epoch, ParticipantId, Reason};
+use hostlease::protocol::{Epoch, ParticipantId, Reason, ServerMsg};
 
 fn host_of(s: &Sdk) -> Option<String> {
     s.view
@@ -332,4 +332,41 @@ async fn abandoned_lapsed_rooms_do_not_starve_a_live_one() {
         .await;
     assert_eq!(got.reason, Reason::LeaseLapsed);
     assert_eq!(got.epoch, Epoch(2));
+}
+
+/// Sessions that let their lease lapse are passed over while a member that answers is
+/// connected: two sessions that never answer a probe (two tabs frozen in the background, or a
+/// client that means harm) handed the role to each other for ever, and bob never got it.
+#[tokio::test]
+async fn sessions_that_let_the_lease_lapse_do_not_keep_it_from_a_live_member() {
+    let srv = start(test_config()).await;
+    let t = join_token(&srv.app_key, "deaf", "mallory", true);
+    let mut m1 = Raw::join(srv.addr, "deaf", &t, None).await;
+    m1.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    let mut m2 = Raw::join(srv.addr, "deaf", &t, None).await;
+    m2.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    // Neither reads again: their sockets stay open, their probes unanswered.
+    let mut bob = Raw::join(
+        srv.addr,
+        "deaf",
+        &join_token(&srv.app_key, "deaf", "bob", true),
+        None,
+    )
+    .await;
+    // Each lease lapses after 1.5 s: bob is granted after at most the two mallory sessions.
+    tokio::time::timeout(Duration::from_secs(10), bob.until_host())
+        .await
+        .expect("bob, who answers, becomes host");
+    let grants: Vec<String> = bob
+        .seen
+        .iter()
+        .filter_map(|m| match m {
+            ServerMsg::Assignment(a) => a.assignment.host.as_ref().map(|h| h.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert!(grants.len() <= 3, "{grants:?}");
+    drop((m1, m2));
 }
