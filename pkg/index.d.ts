@@ -163,9 +163,11 @@ export declare class Room {
   /** Rooms come from `connect()`, which checks the options and fetches the first token. */
   private constructor();
   readonly room: string;
+  /** The same object until something in it changes (fit for `useSyncExternalStore`); read-only. */
   readonly view: HostView;
   /** Subscribes `listener`; returns the unsubscribe function. An event goes to the listeners
    * subscribed when its delivery began (one removed meanwhile still gets it). */
+  /** Each call is a subscription of its own; the returned function ends it. */
   on<K extends keyof EventMap>(type: K, listener: (payload: EventMap[K]) => void): () => void;
   command(action: string, payload?: unknown): Promise<{ id: string; seq: number }>;
   /** Tags a message of the host with its epoch; throws a `CommandError` (`NotHost`, or

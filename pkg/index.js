@@ -49,7 +49,7 @@ const COMMAND_MESSAGES = {
   StaleEpoch: "the host epoch changed; the command was not applied",
   IdempotencyConflict: "the idempotency key was used for a different request",
   UnknownAction: "the action is not in the room's action table",
-  BadPayload: "the payload is not JSON-serialisable or too large",
+  BadPayload: "the payload is not JSON or too large",
   QueueFull: "too many commands queued or in flight",
   Timeout: "no result from the server after every retry",
   Interrupted: "the result was lost (a drop or a new epoch); see the room's events",
@@ -293,9 +293,11 @@ export class Room {
     this._driver = new Driver(this._url, (json) => to.room?._onEvents(json), hi, lo, (m) => to.room?._onMessage(m), globalThis.window);
   }
 
-  /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending. */
+  /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending.
+   * The same object until something in it changes (React's `useSyncExternalStore` needs that). */
   get view() {
-    return JSON.parse(this._driver.view());
+    const json = this._driver.view();
+    return json === this._json ? this._view : (this._view = JSON.parse((this._json = json)));
   }
 
   /** Subscribes to `host`, `provisional`, `members`, `event`, `discontinuity`, `connection`,
@@ -305,10 +307,12 @@ export class Room {
       throw new UsageError(ErrorCode.BadArgument, "on(type, listener) needs a function");
     }
     // Each type's listeners are an array replaced on every change, so that a delivery in progress
-    // goes on over the array it started with, without copying it for every event.
-    const list = this._listeners.get(type) ?? [];
-    if (!list.includes(listener)) this._listeners.set(type, [...list, listener]);
-    return () => this._listeners.set(type, (this._listeners.get(type) ?? []).filter((l) => l !== listener));
+    // goes on over the array it started with, without copying it for every event. Each `on` is
+    // an entry of its own: the same function subscribed twice (two components sharing a handler)
+    // is called twice, and each unsubscribe ends its own subscription only.
+    const entry = (payload) => listener(payload);
+    this._listeners.set(type, [...(this._listeners.get(type) ?? []), entry]);
+    return () => this._listeners.set(type, this._listeners.get(type).filter((l) => l !== entry));
   }
 
   /** Issues a command. Resolves with `{ id, seq }` once the server applied it; rejects with a
@@ -488,8 +492,7 @@ export class Room {
   // next one the listeners get this object. Any other frame, an event refused by the checks or
   // by the core (out of order, not live), and a frame too long to be sure of its size go to the
   // driver as text: the Rust codec decodes it with its limits and reports what is wrong.
-  _onMessage({ data, target }) {
-    this._socket = target; // for the test hook `_rawSend`
+  _onMessage({ data }) {
     if (typeof data !== "string") return; // binary frames are not part of the protocol
     if (data.length <= EVENT_MAX && data.startsWith(EVENT_HEAD)) {
       let m;
@@ -505,23 +508,10 @@ export class Room {
     this._driver.handleFrame(data);
   }
 
-  /** Test hook: sends `text` as is on the socket the last frame came in on, bypassing every
-   * check of the SDK. Whether it was sent. */
-  _rawSend(text) {
-    const s = this._socket;
-    return s?.readyState === 1 && (s.send(text), true);
-  }
-
-  // A step's events, as the driver's JSON array.
+  // A step's events, as the driver's JSON array (written by the driver: always well-formed).
   _onEvents(json) {
     if (this._held) return void this._held.push(json);
-    let events;
-    try {
-      events = JSON.parse(json);
-    } catch {
-      return;
-    }
-    for (const e of events) this._dispatch(e);
+    for (const e of JSON.parse(json)) this._dispatch(e);
   }
 
   _dispatch(e) {

@@ -1402,3 +1402,28 @@ fn a_command_timeout_out_of_range_is_taken_within_its_bounds() {
         assert!(v.poll_timeout().unwrap() > Instant(1_000 + taken), "{ms}");
     }
 }
+
+#[test]
+fn silence_checks_that_all_run_late_still_give_a_dead_connection_up() {
+    // A hidden tab: every timer runs a minute late. The first late check decides nothing; the
+    // next one, with nothing heard since, gives the connection up (it stayed live for ever).
+    let mut v = live("b", "a", 2);
+    let first = v.poll_timeout().expect("the silence check");
+    v.handle_timeout(first); // heard the welcome: a new window
+    let second = v.poll_timeout().unwrap();
+    v.handle_timeout(second.add_ms(60_000));
+    assert!(!drain(&mut v).1.contains(&Event::Stalled));
+    let third = v.poll_timeout().unwrap();
+    v.handle_timeout(third.add_ms(60_000));
+    assert!(drain(&mut v).1.contains(&Event::Stalled));
+    // A frame heard between two late checks keeps the connection.
+    let mut v = live("b", "a", 2);
+    let first = v.poll_timeout().unwrap();
+    v.handle_timeout(first);
+    let second = v.poll_timeout().unwrap();
+    v.handle_timeout(second.add_ms(60_000));
+    let third = v.poll_timeout().unwrap();
+    server(&mut v, third.0 + 59_000, ServerMsg::Heartbeat);
+    v.handle_timeout(third.add_ms(60_000));
+    assert!(!drain(&mut v).1.contains(&Event::Stalled));
+}

@@ -88,6 +88,16 @@ const newRoom = (tag) => `${tag}-${process.pid}-${++roomNo}`;
 async function member(server, room, name) {
   const ctx = await browser.newContext({ viewport: { width: 1100, height: 800 } });
   await ctx.grantPermissions(["microphone", "camera"]);
+  // Every WebSocket the page opens, for a frame sent raw around the SDK (it has no such hook).
+  await ctx.addInitScript(() => {
+    const sockets = (window.__sockets = []);
+    window.WebSocket = class extends window.WebSocket {
+      constructor(...args) {
+        super(...args);
+        sockets.push(this);
+      }
+    };
+  });
   const page = await ctx.newPage();
   const proxy = new Proxy(server.port);
   const port = await proxy.listen();
@@ -373,7 +383,10 @@ test("a deposed host cut off past its lease, then back with its old token: its c
   // Sent raw, around the SDK, with the host token she held and its epoch: the server refuses it.
   assert.ok(a.hostCap, "alice held a host token");
   const rawId = `raw-${Date.now()}`;
-  const sent = await a.page.evaluate((frame) => window.demo.room._rawSend(JSON.stringify(frame)),
+  const sent = await a.page.evaluate((frame) => {
+    const open = window.__sockets.filter((s) => s.readyState === WebSocket.OPEN).at(-1);
+    return open ? (open.send(JSON.stringify(frame)), true) : false;
+  },
     { v: 1, t: "command", id: rawId, action: "poll.close", payload: { poll: pollId }, epoch: a.hostCap.epoch, capability: a.hostCap.token });
   assert.ok(sent, "sent on alice's socket");
   const result = await until("the server's answer to the raw command", async () => a.results.find((r) => r.id === rawId));

@@ -288,6 +288,8 @@ pub struct HostView {
     silence_check_at: Option<Instant>,
     /// A frame came in the current silence window.
     heard: bool,
+    /// The last silence check ran late and decided nothing (the next one decides).
+    late: bool,
     members: Vec<Member>,
     actions: ActionTable,
     /// Sorted, no duplicates. (This and `buffer` are sorted vectors rather than B-trees: the two
@@ -331,6 +333,7 @@ impl HostView {
             stalls: 0,
             silence_check_at: None,
             heard: false,
+            late: false,
             awaiting_welcome: false,
             resync_retry_at: None,
             members: Vec::new(),
@@ -607,8 +610,11 @@ impl HostView {
             // A welcome still awaited has its own, growing, limit (`resync_retry_at`): a large
             // one on a slow link is silence until all of it has arrived. A check that runs over
             // a second late (the page's event loop was blocked, or a hidden tab's timers were
-            // throttled) may run before frames that arrived meanwhile: it decides nothing.
-            if self.heard || self.awaiting_welcome || now > t.add_ms(1_000) {
+            // throttled) may run before frames that arrived meanwhile: it decides nothing, but
+            // the next one decides however late it runs (a hidden tab's checks all run late).
+            let late = now > t.add_ms(1_000) && !self.late;
+            if self.heard || self.awaiting_welcome || late {
+                self.late = late;
                 self.heard = false;
                 self.silence_check_at = Some(self.silence_window(now));
             } else {

@@ -60,6 +60,9 @@ const SLEEP_THRESHOLD_MS: f64 = 2_000.0;
 /// a browser resisting fingerprinting coarsens both clocks to as much as 100 ms.
 const WALL_GRAIN_MS: f64 = 250.0;
 
+/// How long a connection must have stayed live for the reconnect backoff to start over.
+const STAYED_LIVE_MS: u64 = 30_000;
+
 /// Local time: `performance.now()`, plus whatever the wall clock advanced beyond it (a sleeping
 /// machine stops `performance.now()` in some browsers). Never goes backwards.
 struct Clock {
@@ -163,6 +166,10 @@ struct State {
     timer_cb: Option<Handler>,
     reconnect: Backoff,
     attempt: u32,
+    /// When the connection last went live: the backoff starts over only after one that lasted
+    /// [`STAYED_LIVE_MS`] (a server that welcomes and drops at once was redialled every 0–500
+    /// ms for ever, by every client at the same time after a deploy).
+    live_at: Option<Instant>,
     reconnect_at: Option<Instant>,
     rng: SplitMix64,
     clock: Clock,
@@ -352,7 +359,7 @@ impl State {
             match &e {
                 Event::Phase(p) => {
                     if *p == Phase::Live {
-                        self.attempt = 0;
+                        self.live_at = Some(self.clock.now());
                     }
                     // Closed by the core itself (kicked, room closed): no reconnect.
                     self.closed |= *p == Phase::Closed;
@@ -483,6 +490,13 @@ impl State {
         self.retire_socket();
         let now = self.now();
         self.view.handle_disconnected(now);
+        if self
+            .live_at
+            .take()
+            .is_some_and(|t| now >= t.add_ms(STAYED_LIVE_MS))
+        {
+            self.attempt = 0;
+        }
         if !self.closed {
             let delay = self.reconnect.delay_ms(self.attempt, &mut self.rng);
             self.attempt = self.attempt.saturating_add(1);
@@ -650,6 +664,7 @@ impl Driver {
                 cap_ms: 15_000,
             },
             attempt: 0,
+            live_at: None,
             reconnect_at: None,
             rng: SplitMix64::new(seed ^ 0xA5A5_A5A5_A5A5_A5A5),
             clock: Clock::new(window.as_ref()),
@@ -997,6 +1012,32 @@ mod tests {
         d.close();
         let view: serde_json::Value = serde_json::from_str(&d.view()).unwrap();
         assert_eq!(view["phase"], "closed");
+    }
+
+    /// The reconnect backoff starts over only after a connection that stayed live for 30 s: a
+    /// server that welcomes and drops at once is not redialled within 500 ms for ever.
+    #[wasm_bindgen_test]
+    fn the_backoff_starts_over_only_after_a_connection_that_lasted() {
+        let d = driver("ws://127.0.0.1:9/ws", noop(), 6);
+        let welcome = r#"{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{"room":"r","current":{"room":"r","host":null,"session":null,"epoch":0,"seq":0,"lease_ms":0,"reason":"elected","issued_at":0},"members":[],"seq":0,"server_time":0,"lease_remaining_ms":0,"actions":{"host":[],"participant":["vote"]}}}"#;
+        let live_then_dropped = |lasted_ms: f64| {
+            d.simulate_connected();
+            d.handle_frame(welcome);
+            let mut s = d.inner.borrow_mut();
+            assert_eq!(s.view.phase(), Phase::Live);
+            s.clock.skew += lasted_ms; // the connection stays up this long
+            s.drop_socket();
+            s.attempt
+        };
+        assert_eq!(live_then_dropped(0.0), 1);
+        assert_eq!(
+            live_then_dropped(10.0),
+            2,
+            "dropped at once: the backoff grows"
+        );
+        assert_eq!(live_then_dropped(5_000.0), 3);
+        assert_eq!(live_then_dropped(31_000.0), 1, "lasted 31 s: starts over");
+        d.close();
     }
 
     /// `view().lease` reads `expired` once the deadline has passed, before the timer that

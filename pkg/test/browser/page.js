@@ -5,6 +5,7 @@ import * as hl from "/index.js";
 const log = [];
 let room = null;
 let lastHostCap = null;
+let socket = null;
 const peers = new Map(); // peer id → RTCPeerConnection
 
 function record(type, payload) {
@@ -73,6 +74,7 @@ window.T = {
     // `connect` resolves before the socket's first message event).
     const onMessage = room._onMessage.bind(room);
     room._onMessage = (m) => {
+      socket = m.target; // the socket the SDK reads, for `staleHostCommand`
       if (typeof m.data === "string" && m.data.includes('"t":"capability"')) {
         const f = JSON.parse(m.data);
         if (f.role === "host") lastHostCap = f;
@@ -96,7 +98,10 @@ window.T = {
     if (!lastHostCap) return null;
     const id = `raw-${Date.now()}`;
     const frame = { v: 1, t: "command", id, action, payload: payload ?? null, epoch: lastHostCap.epoch, capability: lastHostCap.token };
-    return room._rawSend(JSON.stringify(frame)) ? id : null;
+    // Sent on the SDK's own socket, around its gate (the SDK has no such hook).
+    if (socket?.readyState !== WebSocket.OPEN) return null;
+    socket.send(JSON.stringify(frame));
+    return id;
   },
   // `room.stamp(body)` as plain data: `{ ok: stamped }` or `{ err: { code, isHostlease } }`.
   stamp(body) {
