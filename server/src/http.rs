@@ -118,6 +118,15 @@ fn browser_reads(app: &Arc<App>) -> Router<Arc<App>> {
         .route_layer(cors)
 }
 
+/// The admin key, checked before anything else, the body included: a request without it is
+/// answered at once, whatever body it announces or never sends.
+async fn admin_gate(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    match require_admin(&app, req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e,
+    }
+}
+
 /// Runs a request to its end in a task of its own. Hyper drops the handler of a request whose
 /// client went away: half way through, an admin kick left the kicked host in office (with its
 /// lease, and a host token that kept working until the lease lapsed), and a committed grant went
@@ -138,7 +147,8 @@ pub fn router(app: Arc<App>) -> Router {
                 .route("/v1/admin/rooms/{room}/kick", post(admin_kick))
                 .route("/v1/admin/rooms/{room}/close", post(admin_close))
                 .route("/v1/admin/rooms/{room}/ttl", post(admin_ttl))
-                .route_layer(middleware::from_fn(to_the_end)),
+                .route_layer(middleware::from_fn(to_the_end))
+                .route_layer(middleware::from_fn_with_state(app.clone(), admin_gate)),
         )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_route));
@@ -148,9 +158,14 @@ pub fn router(app: Arc<App>) -> Router {
     if let Some(dir) = &app.cfg.www {
         r = r.fallback_service(tower_http::services::ServeDir::new(dir));
     }
-    r.layer(middleware::from_fn_with_state(app.clone(), rate_limit))
-        .merge(browser_reads(&app))
-        .with_state(app)
+    // No body this server takes is larger than a client frame: one announced longer is refused
+    // (413) at once, before it is read (axum's default let each request hold up to 2 MB).
+    r.layer(tower_http::limit::RequestBodyLimitLayer::new(
+        MAX_CLIENT_FRAME,
+    ))
+    .layer(middleware::from_fn_with_state(app.clone(), rate_limit))
+    .merge(browser_reads(&app))
+    .with_state(app)
 }
 
 fn room_id(s: &str) -> Result<RoomId, Response> {
