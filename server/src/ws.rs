@@ -37,6 +37,10 @@ use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
 /// waits (TCP backpressure on the client).
 const MAX_IN_FLIGHT: usize = 64;
 
+/// Sessions one participant may hold in one room at once (its tabs and devices); one more is
+/// refused `too_many_connections`.
+pub const MAX_SESSIONS_PER_PARTICIPANT: usize = 16;
+
 /// A connection's commands in flight, each resolving to its `command_result`.
 type Commands = FuturesOrdered<Pin<Box<dyn Future<Output = ServerMsg> + Send>>>;
 
@@ -358,6 +362,12 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             Err(ErrorCode::RoomClosed)
         } else if st.members.len() >= app.cfg.max_members.min(MAX_MEMBERS) {
             Err(ErrorCode::RoomFull)
+        } else if st.members.iter().filter(|m| m.id == claims.sub).count()
+            >= MAX_SESSIONS_PER_PARTICIPANT
+        {
+            // One join token would otherwise fill the room (and multiply every per-connection
+            // budget by the room's size).
+            Err(ErrorCode::TooManyConnections)
         } else {
             let member = Member {
                 id: claims.sub.clone(),

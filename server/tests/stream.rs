@@ -1138,3 +1138,25 @@ async fn what_commits_while_the_server_starts_is_published() {
     let row = app.store.room(&got.room).await.unwrap().unwrap();
     assert_eq!(row.epoch, got.epoch);
 }
+
+/// One participant holds at most 16 sessions in a room: one join token no longer fills the room
+/// (every other member then refused `room_full`).
+#[tokio::test]
+async fn one_participant_cannot_fill_the_room() {
+    let srv = start(test_config()).await;
+    let mut held = Vec::new();
+    for _ in 0..hostlease_server::ws::MAX_SESSIONS_PER_PARTICIPANT {
+        let mut r = srv.raw("cap", "carol", false).await;
+        r.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+            .await;
+        held.push(r);
+    }
+    let mut one_more = srv.raw("cap", "carol", false).await;
+    assert_eq!(
+        one_more.until_closed().await,
+        Some(ErrorCode::TooManyConnections)
+    );
+    let mut dan = srv.raw("cap", "dan", false).await;
+    dan.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+}
