@@ -50,6 +50,10 @@ pub struct Config {
     /// How long one write to a WebSocket client may take (a client that stops reading blocks
     /// writes once the socket's buffers are full); past it the session ends.
     pub write_timeout_ms: u64,
+    /// How long a client has to send a request's head once connected (or once it began one): a
+    /// socket that opens and sends nothing, or half a head, is closed after this (each held a
+    /// task and a file handle for ever).
+    pub header_timeout_ms: u64,
     /// Items kept in each room's log (older ones are announced as a discontinuity).
     pub log_keep: i64,
     pub admin_key: Option<String>,
@@ -82,6 +86,7 @@ impl Default for Config {
             presence_ms: 100,
             heartbeat_ms: hostlease::protocol::codec::HEARTBEAT_MS,
             write_timeout_ms: 10_000,
+            header_timeout_ms: 10_000,
             log_keep: 10_000,
             admin_key: None,
             webhook_url: None,
@@ -116,22 +121,81 @@ pub async fn listen(addr: &str, backlog: u32) -> std::io::Result<tokio::net::Tcp
     socket.listen(backlog)
 }
 
+/// How long a shutdown waits for requests under way and for WebSocket sessions to close.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Serves `app` on `listener` until `shutdown` resolves, then stops the background tasks.
+/// Connections are served by hyper's HTTP/1.1 server with `Config::header_timeout_ms`; after
+/// `shutdown`, no new connection is taken, requests under way and the sessions (told by
+/// `App::shutdown`, which the caller sets) get up to [`SHUTDOWN_WAIT`] to finish.
 pub async fn serve(
     app: Arc<App>,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use tower::{Service, ServiceExt};
     let tasks = rooms::spawn_background(app.clone()).await;
-    let router = http::router(app.clone());
-    let res = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await;
+    let mut make = http::router(app.clone()).into_make_service_with_connect_info::<SocketAddr>();
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_millis(app.cfg.header_timeout_ms));
+    // Told to every connection at shutdown; each connection task holds a clone of `open`.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let open = Arc::new(());
+    tokio::pin!(shutdown);
+    loop {
+        let (socket, remote) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file handles, or a connection reset before it was taken: wait a
+                    // little rather than spin (as `axum::serve` does).
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = match make.call(remote).await {
+            Ok(s) => s,
+            Err(never) => match never {},
+        };
+        let hyper_service =
+            hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                service.clone().oneshot(request)
+            });
+        let conn = http1
+            .serve_connection(hyper_util::rt::TokioIo::new(socket), hyper_service)
+            .with_upgrades();
+        let (mut stopped, held) = (stopped.clone(), open.clone());
+        tokio::spawn(async move {
+            let _held = held;
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = stopped.wait_for(|s| *s) => {}
+            }
+            // The request under way is answered; no other is read.
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    let _ = stop.send(true);
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
+    while Arc::strong_count(&open) > 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // WebSocket sessions are no longer HTTP connections: wait for them to send their close.
+    while app.connections.load(std::sync::atomic::Ordering::Relaxed) > 0
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     for t in tasks {
         t.abort();
     }
-    res
+    Ok(())
 }

@@ -662,3 +662,39 @@ async fn requests_are_refused_before_their_bodies_are_read() {
         "{line:?}"
     );
 }
+
+/// A socket that opens and sends nothing, or half a request head, is closed once the header
+/// timeout passes (each held a task and a file handle for ever); a whole request is answered.
+#[tokio::test]
+async fn sockets_that_send_no_whole_request_head_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let srv = start(hostlease_server::Config {
+        header_timeout_ms: 300,
+        ..test_config()
+    })
+    .await;
+    let closed_within = |mut s: tokio::net::TcpStream| async move {
+        let mut buf = [0u8; 512];
+        // A close reads as end of stream (or a 408 first, then the end).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    };
+    let silent = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let mut half = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let (a, b) = tokio::join!(closed_within(silent), closed_within(half));
+    assert!(a, "a socket that sent nothing is still open");
+    assert!(b, "a socket that sent half a head is still open");
+    let r = reqwest::get(format!("http://{}/healthz", srv.addr))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

@@ -392,3 +392,54 @@ async fn a_resign_whose_connection_drops_at_once_is_still_logged() {
         "one log line per committed reassignment"
     );
 }
+
+/// SIGTERM: every open session is told `internal` ("server shutting down") before its socket
+/// closes, and a request whose body never comes does not keep the process from exiting (the
+/// runtime used to stop once the HTTP connections had drained, cutting most sessions off
+/// mid-close, and waited for ever for that request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_tells_every_session_and_exits() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let key = app_key_file(dir.path());
+    let db = format!("sqlite://{}", dir.path().join("sd.db").display());
+    let mut p = spawn_proc(&db, dir.path(), "sd", 60_000, &[]);
+    let mut sessions = Vec::new();
+    for i in 0..100 {
+        let t = join_token(&key, "sd", &format!("p{i}"), false);
+        let mut r = Raw::join(p.addr, "sd", &t, None).await;
+        r.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+            .await;
+        sessions.push(r);
+    }
+    let mut slow = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    slow.write_all(
+        b"POST /v1/rooms/sd/commands HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let told = futures_util::future::join_all(sessions.iter_mut().map(|r| r.until_closed())).await;
+    let missed = told
+        .iter()
+        .filter(|c| **c != Some(ErrorCode::Internal))
+        .count();
+    assert_eq!(
+        missed, 0,
+        "sessions cut off without `internal`: {missed} of 100"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = p.child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(slow);
+}
