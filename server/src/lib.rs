@@ -134,7 +134,12 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use tower::{Service, ServiceExt};
-    let tasks = rooms::spawn_background(app.clone()).await;
+    tokio::pin!(shutdown);
+    // A store that does not answer at start is waited for, but not past a shutdown.
+    let tasks = tokio::select! {
+        tasks = rooms::spawn_background(app.clone()) => tasks,
+        () = &mut shutdown => return Ok(()),
+    };
     let mut make = http::router(app.clone()).into_make_service_with_connect_info::<SocketAddr>();
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
@@ -143,7 +148,6 @@ pub async fn serve(
     // Told to every connection at shutdown; each connection task holds a clone of `open`.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let open = Arc::new(());
-    tokio::pin!(shutdown);
     loop {
         let (socket, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {

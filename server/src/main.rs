@@ -301,7 +301,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         let shutdown = async move {
             tokio::select! { _ = int.recv() => {}, _ = term.recv() => {} }
             tracing::info!("shutting down");
-            let _ = app2.shutdown.send(true);
+            app2.shutdown.send_replace(true);
         };
         hostlease_server::serve(app, listener, shutdown).await.map_err(|e| e.to_string())
     })

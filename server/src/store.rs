@@ -174,6 +174,9 @@ pub fn request_hash(action: &Action, payload: &Json) -> String {
 /// `serde_json::Value` this used to go through wrote them — and numbers as their own text:
 /// through `Value` they became `f64`s, so that two different numbers past 2^53 (or two long
 /// decimals) hashed the same, and the second request was answered as a repeat of the first.
+/// Hashes stored before stay valid for payloads whose numbers are integers within `u64`/`i64`
+/// or decimals in their shortest form (what `JSON.stringify` writes); a retry across the
+/// upgrade of one spelt otherwise (`1e2`, `1.50`) is answered `idempotency_conflict`.
 fn canonical(text: &str, out: &mut String) {
     use hostlease::protocol::json::Reader;
     let string = |s: &str, out: &mut String| {
@@ -1181,7 +1184,8 @@ impl Store for SqliteStore {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let q = format!(
             "UPDATE outbox SET webhook_next_at = {NOW} + ? WHERE id IN (\
-             SELECT id FROM outbox WHERE webhook_done_at IS NULL AND webhook_next_at <= {NOW} \
+             SELECT id FROM outbox INDEXED BY outbox_webhook_due \
+             WHERE webhook_done_at IS NULL AND webhook_next_at <= {NOW} \
              AND created_at >= {NOW} - ? ORDER BY id LIMIT ?) \
              RETURNING id, kind || ':' || dedup_key, item, webhook_attempts"
         );

@@ -582,7 +582,9 @@ impl Conn {
                     None => Flow::End(false),
                 },
                 _ = &mut timer => self.on_timer().await,
-                _ = shutdown.changed() => {
+                // Set already when this session went live (it joined during the shutdown)
+                // counts too: `changed` would wait for a change that never comes.
+                () = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
                     close_with(&mut self.sink, ErrorCode::Internal, "server shutting down").await;
                     Flow::End(false)
                 }
@@ -1204,11 +1206,7 @@ fn queue_command(
     // since gets that outcome again.
     let mut refuse = None;
     let next_holder = if action.as_str() == ACTION_RESIGN {
-        let members = room.members();
-        Some(
-            elect(members.iter().filter(|m| m.session != claims.sid))
-                .map(|m| (m.id.clone(), m.session.clone())),
-        )
+        Some(room.next_holder(Some(&claims.sid)))
     } else if action.as_str() == ACTION_TRANSFER {
         let to = payload
             .get_str("to")

@@ -698,3 +698,13 @@ async fn sockets_that_send_no_whole_request_head_are_closed() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// A session that joins while the server is shutting down is told so and closed (it waited for
+/// a change of the shutdown flag that had already happened).
+#[tokio::test]
+async fn a_session_that_joins_during_a_shutdown_is_told() {
+    let srv = start(test_config()).await;
+    srv.app.shutdown.send_replace(true);
+    let mut late = srv.raw("sd2", "alice", false).await;
+    assert_eq!(late.until_closed().await, Some(ErrorCode::Internal));
+}

@@ -370,3 +370,53 @@ async fn sessions_that_let_the_lease_lapse_do_not_keep_it_from_a_live_member() {
     assert!(grants.len() <= 3, "{grants:?}");
     drop((m1, m2));
 }
+
+/// A resignation passes over a session whose lease lapsed too (it picked the first member by
+/// join order, the one that had just failed to answer).
+#[tokio::test]
+async fn a_resignation_passes_over_a_session_whose_lease_lapsed() {
+    let srv = start(test_config()).await;
+    let mut deaf = srv.raw("rz", "mallory", true).await;
+    deaf.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    let mut bob = srv.raw("rz", "bob", true).await;
+    tokio::time::timeout(Duration::from_secs(10), bob.until_host())
+        .await
+        .expect("bob becomes host once mallory's lease lapsed");
+    let (epoch, token) = bob
+        .seen
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            ServerMsg::Capability {
+                role: hostlease::protocol::Role::Host,
+                epoch,
+                token,
+                ..
+            } => Some((*epoch, token.clone())),
+            _ => None,
+        })
+        .unwrap();
+    let mut carol = srv.raw("rz", "carol", true).await;
+    carol
+        .until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    bob.send(&hostlease::protocol::ClientMsg::Command {
+        id: hostlease::protocol::IdempotencyKey::new("bye").unwrap(),
+        action: hostlease::protocol::Action::new("host.resign").unwrap(),
+        payload: hostlease::protocol::json::Json::null(),
+        epoch,
+        capability: token,
+    })
+    .await;
+    let next = carol
+        .until(|m| match m {
+            ServerMsg::Assignment(a) if a.assignment.reason == Reason::Resigned => {
+                Some(a.assignment.host.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(next.as_ref().map(|h| h.as_str()), Some("carol"));
+    drop(deaf);
+}
