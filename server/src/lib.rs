@@ -188,12 +188,11 @@ pub async fn serve(
     }
     drop(listener);
     let _ = stop.send(true);
+    // HTTP connections answer what is under way; WebSocket sessions (no longer HTTP
+    // connections once upgraded) send their close.
     let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
-    while Arc::strong_count(&open) > 1 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    // WebSocket sessions are no longer HTTP connections: wait for them to send their close.
-    while app.connections.load(std::sync::atomic::Ordering::Relaxed) > 0
+    while (Arc::strong_count(&open) > 1
+        || app.connections.load(std::sync::atomic::Ordering::Relaxed) > 0)
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
