@@ -118,8 +118,8 @@ fn browser_reads(app: &Arc<App>) -> Router<Arc<App>> {
         .route_layer(cors)
 }
 
-/// The admin key, checked before anything else, the body included: a request without it is
-/// answered at once, whatever body it announces or never sends.
+/// The admin key, checked before anything else, the body included, for every admin route: a
+/// request without it is answered at once, whatever body it announces or never sends.
 async fn admin_gate(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     match require_admin(&app, req.headers()) {
         Ok(()) => next.run(req).await,
@@ -400,12 +400,8 @@ fn parse_admin_body(body: &Bytes) -> Result<AdminBody, Response> {
 async fn admin_reassign(
     State(app): State<Arc<App>>,
     Path(room): Path<String>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) = require_admin(&app, &headers) {
-        return e;
-    }
     let body = match parse_admin_body(&body) {
         Ok(b) => b,
         Err(e) => return e,
@@ -465,12 +461,8 @@ async fn admin_reassign_in(
 async fn admin_kick(
     State(app): State<Arc<App>>,
     Path(room): Path<String>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) = require_admin(&app, &headers) {
-        return e;
-    }
     let Ok(AdminBody {
         participant: Some(p),
         ..
@@ -502,15 +494,7 @@ struct TtlBody {
 
 /// `POST /v1/admin/rooms/{room}/ttl {"lease_ms": n | null}`: the room's lease TTL, from the next
 /// grant or renewal on (`null`: back to the server default). At least 30 ms.
-async fn admin_ttl(
-    State(app): State<Arc<App>>,
-    Path(room): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    if let Err(e) = require_admin(&app, &headers) {
-        return e;
-    }
+async fn admin_ttl(State(app): State<Arc<App>>, Path(room): Path<String>, body: Bytes) -> Response {
     // Parsed after the key check (an extractor would parse it before the handler runs).
     let Ok(body) = serde_json::from_slice::<TtlBody>(&body) else {
         return (StatusCode::BAD_REQUEST, "bad body").into_response();
@@ -541,14 +525,7 @@ async fn admin_ttl(
 
 /// `POST /v1/admin/rooms/{room}/close`: a hostless grant (reason `closed`); every session is
 /// closed and new joins are refused.
-async fn admin_close(
-    State(app): State<Arc<App>>,
-    Path(room): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(e) = require_admin(&app, &headers) {
-        return e;
-    }
+async fn admin_close(State(app): State<Arc<App>>, Path(room): Path<String>) -> Response {
     let hub = match admin_room(&app, &room).await {
         Ok(h) => h,
         Err(e) => return e,
