@@ -28,7 +28,7 @@ use tower_http::cors::{Any, CorsLayer};
 
 use crate::rooms::{correlation_id, App};
 use crate::store::GrantReq;
-use crate::tokens::{JoinClaims, JOIN_PREFIX};
+use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
 
 /// A per-address token bucket for HTTP requests (429 + `Retry-After` when empty).
 pub struct Limiter {
@@ -49,11 +49,16 @@ impl Limiter {
     /// `Ok` or the seconds to wait.
     fn check(&self, ip: IpAddr) -> Result<(), u64> {
         let mut map = self.buckets.lock().expect("limiter lock");
-        if map.len() > 100_000 {
-            map.clear(); // bounded memory; a reset only ever lets more requests in
-        }
         let now = Instant::now();
-        let b = map.entry(ip).or_insert((self.burst, now));
+        if map.len() >= MAX_BUCKETS {
+            // Bounded memory. Buckets refilled to the brim are no different from new ones; only
+            // if that frees nothing are all reset (which only ever lets more requests in).
+            map.retain(|_, b| b.0 + now.duration_since(b.1).as_secs_f64() * self.rate < self.burst);
+            if map.len() >= MAX_BUCKETS / 2 {
+                map.clear();
+            }
+        }
+        let b = map.entry(client_key(ip)).or_insert((self.burst, now));
         b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * self.rate).min(self.burst);
         b.1 = now;
         if b.0 >= 1.0 {
@@ -62,6 +67,22 @@ impl Limiter {
         } else {
             Err(((1.0 - b.0) / self.rate).ceil().max(1.0) as u64)
         }
+    }
+}
+
+/// Client addresses the limiter keeps a bucket for at most.
+const MAX_BUCKETS: usize = 100_000;
+
+/// The bucket a client address counts against: an IPv6 client by its /64 (one subscriber's
+/// network: a client that rotates its interface identifier, as privacy addresses do and as an
+/// abuser can at will, stays one client), an IPv4-mapped one as the IPv4 address it is.
+fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
     }
 }
 
@@ -250,6 +271,23 @@ async fn command(
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, e.code()).into_response(),
     };
+    // Checked before the room is loaded: a request without a capability signed for this room
+    // neither loads the room nor takes one of `max_rooms` (it got 503 "too many rooms" when
+    // they were all taken). The full check (expiry, holder, epoch) follows with the room.
+    if !app
+        .cap_keys
+        .verify::<CapClaims>(CAP_PREFIX, token.expose())
+        .is_ok_and(|c| c.room == room)
+    {
+        metrics::counter!("hostlease_commands_total", "result" => RejectCode::BadCapability.as_str())
+            .increment(1);
+        let outcome = Outcome::Rejected {
+            code: RejectCode::BadCapability,
+            current: None,
+            retry_after_ms: None,
+        };
+        return (StatusCode::FORBIDDEN, json_body(&outcome)).into_response();
+    }
     let hub = match app.room(&room).await {
         Ok(Some(h)) => h,
         Ok(None) => return (StatusCode::SERVICE_UNAVAILABLE, "too many rooms").into_response(),
@@ -630,4 +668,52 @@ fn json_body<T: ToJson + ?Sized>(value: &T) -> Response {
         encode_body(value),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ipv6_clients_of_one_64_share_a_bucket() {
+        assert_eq!(client_key(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(client_key(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
+        assert_eq!(client_key(ip("192.0.2.7")), ip("192.0.2.7"));
+        let l = Limiter::new(1e-9, 2.0);
+        assert!(l.check(ip("2001:db8::1")).is_ok());
+        assert!(l.check(ip("2001:db8::2:3")).is_ok());
+        // The /64's burst is spent, whatever interface identifier comes next.
+        assert!(l.check(ip("2001:db8::ffff:1")).is_err());
+        // Another /64 has its own.
+        assert!(l.check(ip("2001:db8:0:1::1")).is_ok());
+    }
+
+    #[test]
+    fn a_full_table_drops_idle_buckets_not_busy_ones() {
+        let l = Limiter::new(1e-9, 2.0);
+        {
+            let now = Instant::now();
+            let mut map = l.buckets.lock().unwrap();
+            for i in 0..MAX_BUCKETS as u32 {
+                // 60% refilled to the brim (idle), the rest spent.
+                let tokens = if i % 5 < 3 { 2.0 } else { 0.0 };
+                map.insert(IpAddr::V4(i.into()), (tokens, now));
+            }
+        }
+        assert!(l.check(ip("2001:db8::1")).is_ok());
+        assert_eq!(l.buckets.lock().unwrap().len(), MAX_BUCKETS * 2 / 5 + 1);
+        // A spent client is still refused (a reset would have let it in again).
+        assert!(l.check(IpAddr::V4(4u32.into())).is_err());
+        // With no idle bucket to drop, the table is reset: bounded memory first.
+        let l = Limiter::new(1e-9, 2.0);
+        for i in 0..MAX_BUCKETS as u32 {
+            let _ = l.check(IpAddr::V4(i.into()));
+        }
+        assert!(l.check(ip("2001:db8::1")).is_ok());
+        assert_eq!(l.buckets.lock().unwrap().len(), 1);
+    }
 }

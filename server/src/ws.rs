@@ -111,6 +111,18 @@ impl Sink {
     async fn close(&mut self) -> Result<(), WriteFailed> {
         Self::done(tokio::time::timeout(self.limit, self.inner.close()).await)
     }
+
+    /// Writes a WebSocket ping. Not a frame the SDK hears (the browser answers it by itself), so
+    /// it leaves `last`, the heartbeat's reference, alone.
+    async fn ping(&mut self) -> Result<(), WriteFailed> {
+        Self::done(
+            tokio::time::timeout(
+                self.limit,
+                self.inner.send(Message::Ping(Default::default())),
+            )
+            .await,
+        )
+    }
 }
 
 /// Records (in the background) that `sub` was in `room` now, for its offline inbox.
@@ -122,6 +134,12 @@ fn remember(app: &Arc<App>, room: &RoomId, sub: &ParticipantId) {
         }
     });
 }
+
+/// Heartbeat periods a client may stay silent (no frame, not even the pong its browser sends for
+/// a ping) before its session is ended as dead: a client gone without a close (power, network,
+/// a suspended laptop) otherwise held its session, member entry and connection slot until the
+/// kernel gave the TCP connection up, about 15 minutes.
+const SILENT_PERIODS: u32 = 3;
 
 /// How long a connection may go without a frame before it gets a heartbeat.
 fn heartbeat_every(app: &App) -> Duration {
@@ -406,6 +424,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         next_probe: None,
         participant_refresh: Instant::now(),
         heartbeat_at: Instant::now() + heartbeat_every(&app),
+        heard: Instant::now(),
         flood: Bucket::new(
             app.cfg.msg_rate * FLOOD_FACTOR,
             app.cfg.msg_burst * FLOOD_FACTOR,
@@ -473,6 +492,9 @@ struct Conn {
     /// when the timer fires (a frame sent meanwhile makes it fire early, for nothing), not on
     /// every write: a broadcast writes to every session of a room.
     heartbeat_at: Instant,
+    /// When the client's last frame (of any kind, pongs too) came: a client quiet for a
+    /// heartbeat period is pinged, one quiet for `SILENT_PERIODS` is given up.
+    heard: Instant,
     /// Every client frame: past it, the connection is closed `rate_limited`.
     flood: Bucket,
     /// Commands: past it, a command is refused `rate_limited` with a time to retry after.
@@ -717,9 +739,18 @@ impl Conn {
         }
         if self.heartbeat_at <= now {
             let every = heartbeat_every(&self.app);
+            if self.heard + every * SILENT_PERIODS <= now {
+                metrics::counter!("hostlease_ws_unresponsive_total").increment(1);
+                return Flow::End(false);
+            }
             if self.sink.last + every <= now && !self.send(&ServerMsg::Heartbeat).await {
                 return Flow::End(false);
             }
+            if self.heard + every <= now && self.sink.ping().await.is_err() {
+                return Flow::End(false);
+            }
+            // The next look comes within a period (`last` is now at the latest): a quiet client is
+            // pinged about once a period.
             self.heartbeat_at = self.sink.last + every;
         }
         Flow::Continue
@@ -938,6 +969,7 @@ impl Conn {
             Some(Ok(m)) => m,
             Some(Err(_)) | None => return Flow::End(false),
         };
+        self.heard = Instant::now();
         // Every frame but the close counts against the flood limit, control frames too: each
         // ping costs a pong, so a ping flood is a flood like any other.
         if !self.flood.take() {

@@ -522,7 +522,6 @@ async fn room_member_and_http_limits() {
     // The first member is unaffected.
     a.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
     a.until(welcome).await;
-
     let http = reqwest::Client::new();
     let mut statuses = Vec::new();
     let mut retry_after = None;
@@ -551,6 +550,50 @@ async fn room_member_and_http_limits() {
     // (The WebSocket upgrades above count against the same per-address bucket.)
     let secs: u64 = retry_after.expect("Retry-After").parse().unwrap();
     assert!(secs >= 1);
+}
+
+/// A command with a capability not signed by this server is refused as such before any room is
+/// loaded: with every room slot taken it is 403 `bad_capability`, not 503 "too many rooms".
+#[tokio::test]
+async fn a_forged_command_loads_no_room() {
+    let srv = start(hostlease_server::Config {
+        max_rooms: 1,
+        ..test_config()
+    })
+    .await;
+    let mut a = srv.raw("one", "a", false).await;
+    let _ = ptoken(&mut a).await;
+    let forged = Keypair::generate(srv.app.keys.kid.as_str());
+    let claims = hostlease_server::tokens::CapClaims {
+        room: RoomId::new("two").unwrap(),
+        sub: ParticipantId::new("c").unwrap(),
+        sid: SessionId::new("s-1").unwrap(),
+        role: Role::Host,
+        epoch: Some(Epoch(1)),
+        actions: vec![],
+        exp: hostlease_server::tokens::now_ms() + 60_000,
+        kid: srv.app.keys.kid.clone(),
+    };
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/rooms/two/commands", srv.addr))
+        .bearer_auth(forged.sign_token(hostlease_server::tokens::CAP_PREFIX, &claims))
+        .header("Idempotency-Key", "forged-1")
+        .json(&serde_json::json!({"action": "poll.open", "payload": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let o: Outcome = r.protocol().await;
+    assert!(
+        matches!(
+            o,
+            Outcome::Rejected {
+                code: RejectCode::BadCapability,
+                ..
+            }
+        ),
+        "{o:?}"
+    );
 }
 
 /// A probe's nonce is spent by its first echo: echoing it again renews nothing and is not
@@ -923,10 +966,44 @@ async fn a_quiet_connection_gets_heartbeats() {
     .await;
     let mut a = srv.raw("hb", "alice", false).await;
     let _ = ptoken(&mut a).await;
-    for _ in 0..3 {
+    // Six periods: a client that sends nothing but answers the server's pings (the test client
+    // does while it reads, as a browser always does) is not taken for a dead one.
+    for _ in 0..6 {
         a.until(|m| matches!(m, ServerMsg::Heartbeat).then_some(()))
             .await;
     }
+}
+
+/// A client that stops answering (gone without a close: no frame, not even the pong for a ping)
+/// is given up after a few heartbeat periods, and the room hears that it left; before, its
+/// session and member entry stayed until the kernel gave the TCP connection up.
+#[tokio::test]
+async fn a_client_that_answers_nothing_is_given_up() {
+    let srv = start(hostlease_server::Config {
+        heartbeat_ms: 100,
+        ..test_config()
+    })
+    .await;
+    let mut a = srv.raw("dead", "alice", false).await;
+    let _ = ptoken(&mut a).await;
+    // From here alice reads nothing, so the pings queue unanswered.
+    let mut b = srv.raw("dead", "bob", false).await;
+    b.until(|m| match m {
+        ServerMsg::Presence {
+            member,
+            online: false,
+        } if member.id.as_str() == "alice" => Some(()),
+        ServerMsg::PresenceBatch { left, .. } if left.iter().any(|m| m.id.as_str() == "alice") => {
+            Some(())
+        }
+        _ => None,
+    })
+    .await;
+    assert!(srv
+        .metrics()
+        .await
+        .contains("hostlease_ws_unresponsive_total 1"));
+    drop(a);
 }
 
 /// A burst of resumes (each a log read and a welcome of up to 1 MiB) is answered in full, on
