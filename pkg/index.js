@@ -366,7 +366,7 @@ export class Room {
     const onOpen = () => {
       this._driver.peerSeen(peerId);
       const signed = this.view.signed;
-      if (signed && signed.sig) this._sendRelay(channel, signed);
+      if (signed?.sig) this._sendRelay(channel, signed);
     };
     const onClose = () => this.detachPeer(peerId); // let go of a closed channel
     const onMessage = (e) => {
@@ -554,7 +554,7 @@ export class Room {
         const p = this._pending.get(e.id);
         this._pending.delete(e.id);
         this._emit("command", { id: e.id, state: "accepted", seq: e.seq });
-        if (p) p.resolve({ id: e.id, seq: e.seq });
+        p?.resolve({ id: e.id, seq: e.seq });
         break;
       }
       case "command_failed": {
@@ -563,7 +563,7 @@ export class Room {
         const err = commandError(e.code);
         err.reason = e.reason; // the server's code when it refused the command (`Rejected`)
         this._emit("command", { id: e.id, state: "failed", code: e.code, reason: e.reason });
-        if (p) p.reject(err);
+        p?.reject(err);
         break;
       }
       case "signal":

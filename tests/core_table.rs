@@ -1426,4 +1426,21 @@ fn silence_checks_that_all_run_late_still_give_a_dead_connection_up() {
     server(&mut v, third.0 + 59_000, ServerMsg::Heartbeat);
     v.handle_timeout(third.add_ms(60_000));
     assert!(!drain(&mut v).1.contains(&Event::Stalled));
+    // A late check that heard frames does not spend the grace: the next late one, with frames
+    // queued behind it, still decides nothing (it gave a live connection up).
+    let mut v = live("b", "a", 2);
+    let first = v.poll_timeout().unwrap();
+    v.handle_timeout(first);
+    let second = v.poll_timeout().unwrap();
+    server(&mut v, second.0 + 59_000, ServerMsg::Heartbeat);
+    v.handle_timeout(second.add_ms(60_000));
+    let third = v.poll_timeout().unwrap();
+    v.handle_timeout(third.add_ms(60_000));
+    assert!(!drain(&mut v).1.contains(&Event::Stalled));
+    let fourth = v.poll_timeout().unwrap();
+    v.handle_timeout(fourth.add_ms(60_000));
+    assert!(
+        drain(&mut v).1.contains(&Event::Stalled),
+        "nothing heard for two checks"
+    );
 }

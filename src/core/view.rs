@@ -288,7 +288,7 @@ pub struct HostView {
     silence_check_at: Option<Instant>,
     /// A frame came in the current silence window.
     heard: bool,
-    /// The last silence check ran late and decided nothing (the next one decides).
+    /// A silence check that heard nothing ran late and decided nothing (the next one decides).
     late: bool,
     members: Vec<Member>,
     actions: ActionTable,
@@ -612,9 +612,10 @@ impl HostView {
             // a second late (the page's event loop was blocked, or a hidden tab's timers were
             // throttled) may run before frames that arrived meanwhile: it decides nothing, but
             // the next one decides however late it runs (a hidden tab's checks all run late).
-            let late = now > t.add_ms(1_000) && !self.late;
-            if self.heard || self.awaiting_welcome || late {
-                self.late = late;
+            // That grace is spent only by a check it saved: one that heard frames leaves it.
+            let heard = self.heard || self.awaiting_welcome;
+            if heard || (now > t.add_ms(1_000) && !self.late) {
+                self.late = !heard;
                 self.heard = false;
                 self.silence_check_at = Some(self.silence_window(now));
             } else {

@@ -358,8 +358,9 @@ impl State {
         while let Some(e) = self.view.poll_event() {
             match &e {
                 Event::Phase(p) => {
+                    // The connection's first: a resync on it does not start its count again.
                     if *p == Phase::Live {
-                        self.live_at = Some(self.clock.now());
+                        self.live_at.get_or_insert(self.clock.now());
                     }
                     // Closed by the core itself (kicked, room closed): no reconnect.
                     self.closed |= *p == Phase::Closed;
@@ -1037,6 +1038,25 @@ mod tests {
         );
         assert_eq!(live_then_dropped(5_000.0), 3);
         assert_eq!(live_then_dropped(31_000.0), 1, "lasted 31 s: starts over");
+        assert_eq!(live_then_dropped(0.0), 2);
+        // 29 s live, then a resync on the same connection (a gap, the welcome that fills it),
+        // then 2 s more: the connection lasted 31 s.
+        d.simulate_connected();
+        d.handle_frame(welcome);
+        d.inner.borrow_mut().clock.skew += 29_000.0;
+        d.handle_frame(r#"{"v":1,"t":"event","seq":2,"epoch":0,"actor":"p1","action":"vote","payload":{},"at":2}"#);
+        assert_ne!(
+            d.inner.borrow().view.phase(),
+            Phase::Live,
+            "the gap resyncs"
+        );
+        d.handle_frame(&welcome.replace(r#""seq":0,"server_time""#, r#""seq":2,"server_time""#));
+        let mut s = d.inner.borrow_mut();
+        assert_eq!(s.view.phase(), Phase::Live);
+        s.clock.skew += 2_000.0;
+        s.drop_socket();
+        assert_eq!(s.attempt, 1, "lasted 31 s across a resync: starts over");
+        drop(s);
         d.close();
     }
 
