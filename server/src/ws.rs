@@ -507,6 +507,8 @@ enum Flow {
     Continue,
     /// Ended; `true` when the client left explicitly (leave frame or its own close).
     End(bool),
+    /// Nothing heard from the client for `SILENT_PERIODS`: it ends unless a frame is waiting.
+    Silent,
 }
 
 impl Conn {
@@ -571,6 +573,11 @@ impl Conn {
             if timer.deadline() != due {
                 timer.as_mut().reset(due);
             }
+            if commands.len() >= MAX_IN_FLIGHT {
+                // Not reading the client (its frames wait in the socket): a silence of the
+                // server's making is not the client's.
+                self.heard = Instant::now();
+            }
             let flow = tokio::select! {
                 m = stream.next(), if commands.len() < MAX_IN_FLIGHT => self.on_client(m, &mut commands).await,
                 Some(answer) = commands.next() => self.answer(answer, &mut rx).await,
@@ -610,6 +617,18 @@ impl Conn {
                     close_with(&mut self.sink, ErrorCode::Internal, "server shutting down").await;
                     Flow::End(false)
                 }
+            };
+            let flow = match flow {
+                // The timer may have won the race against a frame already read from the socket
+                // (the loop was busy): one read that does not wait before the client is blamed.
+                Flow::Silent => match stream.next().now_or_never() {
+                    Some(m) => self.on_client(m, &mut commands).await,
+                    None => {
+                        metrics::counter!("hostlease_ws_unresponsive_total").increment(1);
+                        Flow::End(false)
+                    }
+                },
+                f => f,
             };
             if let Flow::End(explicit) = flow {
                 return explicit;
@@ -740,8 +759,7 @@ impl Conn {
         if self.heartbeat_at <= now {
             let every = heartbeat_every(&self.app);
             if self.heard + every * SILENT_PERIODS <= now {
-                metrics::counter!("hostlease_ws_unresponsive_total").increment(1);
-                return Flow::End(false);
+                return Flow::Silent;
             }
             if self.sink.last + every <= now && !self.send(&ServerMsg::Heartbeat).await {
                 return Flow::End(false);
