@@ -26,7 +26,15 @@ export declare const ErrorCode: Readonly<{
   BadResponse: "BadResponse";
 }>;
 
-export type ErrorCodeValue = (typeof ErrorCode)[keyof typeof ErrorCode] | (string & {});
+/** Codes an `error` event carries from the server: its error frame's wire code (a
+ * `ConnectionError`), or the decoder's code for a frame it refused. */
+export type ServerErrorCode =
+  | "bad_frame" | "frame_too_large" | "unsupported_version" | "rate_limited" | "unauthorized"
+  | "room_full" | "too_many_rooms" | "too_many_connections" | "unexpected_message"
+  | "room_closed" | "kicked" | "internal" | "unknown"
+  | "malformed_frame" | "missing_version" | "unknown_message_type" | "invalid_frame";
+
+export type ErrorCodeValue = (typeof ErrorCode)[keyof typeof ErrorCode] | ServerErrorCode | (string & {});
 
 export declare class HostleaseError extends Error {
   readonly code: ErrorCodeValue;
@@ -42,7 +50,7 @@ export declare class ProtocolError extends HostleaseError {}
 
 /** Loads the WebAssembly module; await it once before `connect`. */
 export declare function init(input?: string | URL | Request | Response | BufferSource | WebAssembly.Module): Promise<void>;
-/** The wire-protocol major version. */
+/** The wire-protocol major version. Throws a `UsageError` (`NotInitialized`) before `init()`. */
 export declare function version(): number;
 
 export type Phase = "connecting" | "live" | "offline" | "resyncing" | "closed";
@@ -128,31 +136,41 @@ export interface EventMap {
   /** `held` for a new host: from then on it may issue host commands (`view.amHost`). */
   lease: { state: LeaseState };
   /** `reason`: the server's rejection code when `code` is `Rejected` (`bad_request`, ...). */
-  command: { id: string; state: "queued" | "accepted" | "failed"; seq?: number; code?: string; reason?: string };
+  command: { id: string; state: "queued" | "accepted" | "failed"; seq?: number; code?: string; reason?: string | undefined };
   signal: { from: string; fromSession: string; data: unknown };
-  relay: { peer: string; epoch?: number; accepted: boolean; reason: "adopted" | "stale" | "forged" | "unsigned" | "unsupported" };
+  relay: { peer: string; epoch?: number | undefined; accepted: boolean; reason: "adopted" | "stale" | "forged" | "unsigned" | "unsupported" };
   error: HostleaseError;
 }
 
 /** `expiresAt`: milliseconds since the epoch, as `Date.now()`. */
 export type TokenResult = string | { token: string; expiresAt?: number };
 
-export interface ConnectOptions {
+interface ConnectOptionsBase {
   /** The server's base URL (`wss://host`, or `https://host`, dialled as `wss://`; a path prefix
    * is kept), or a room's full `/ws` URL (its origin and path prefix are used, for `room`; no
    * query is kept). */
   url: string;
   room: string;
-  /** A join token from your backend. If the server refuses it, the room closes. */
-  token?: string;
-  /** Called for the first connection's join token, 30 s ahead of `expiresAt` (half way for a
-   * token of a minute or less), and when the server refuses the token it has; a token without
-   * `expiresAt` is used again for every reconnect until it is refused. An answer that takes
-   * longer than 10 s counts as failed (`TokenUnavailable`) and is asked again later. */
-  getToken?: () => TokenResult | Promise<TokenResult>;
   /** Where the server's public keys are (default: `<server>/v1/keys`). */
   keysUrl?: string;
 }
+
+/** `token` or `getToken`, one of the two (given both, `getToken` is used). */
+export type ConnectOptions = ConnectOptionsBase & (
+  | {
+    /** A join token from your backend. If the server refuses it, the room closes. */
+    token: string;
+    getToken?: undefined;
+  }
+  | {
+    token?: string;
+    /** Called for the first connection's join token, 30 s ahead of `expiresAt` (half way for a
+     * token of a minute or less), and when the server refuses the token it has; a token without
+     * `expiresAt` is used again for every reconnect until it is refused. An answer that takes
+     * longer than 10 s counts as failed (`TokenUnavailable`) and is asked again later. */
+    getToken: () => TokenResult | Promise<TokenResult>;
+  }
+);
 
 export interface Stamped<T> {
   hostleaseEpoch: number;
@@ -165,10 +183,16 @@ export declare class Room {
   readonly room: string;
   /** The same object until something in it changes (fit for `useSyncExternalStore`); read-only. */
   readonly view: HostView;
-  /** Subscribes `listener`; returns the unsubscribe function. An event goes to the listeners
-   * subscribed when its delivery began (one removed meanwhile still gets it). */
-  /** Each call is a subscription of its own; the returned function ends it. */
+  /** Subscribes `listener`; returns the unsubscribe function. Each call is a subscription of
+   * its own; the returned function ends it. An event goes to the listeners subscribed when its
+   * delivery began (one removed meanwhile still gets it). Throws a `UsageError` (`BadArgument`)
+   * when `listener` is not a function. */
   on<K extends keyof EventMap>(type: K, listener: (payload: EventMap[K]) => void): () => void;
+  /** Resolves once the server applied the command; rejects with a `CommandError`: refused here
+   * (`NotHost`, `NotAuthoritative`, `LeaseExpired`, `NoCapability`, `UnknownAction`, `BadPayload`, `QueueFull`,
+   * `BadArgument`), by the server (`StaleEpoch`, `IdempotencyConflict`, `Rejected` with its code in `.reason`),
+   * or unknown (`Timeout`, `Interrupted`, `Closed`). A participant command made offline stays
+   * pending and is sent after the resync. */
   command(action: string, payload?: unknown): Promise<{ id: string; seq: number }>;
   /** Tags a message of the host with its epoch; throws a `CommandError` (`NotHost`, or
    * `NotAuthoritative` while the lease is not held) when this tab may not act as host. */
@@ -177,13 +201,17 @@ export declare class Room {
    * seen, or from that epoch but not from its host. A newer epoch is taken (stamps are not
    * signed: only the view's verified epoch is the floor). */
   acceptStamped<T>(peerId: string, message: Stamped<T>): T | null;
-  /** `peerId`: the peer's participant id (`members[].id`). Does nothing after `close()` or for a
-   * channel already closing; a channel that closes is detached. The SDK sends and reads its own
+  /** `peerId`: the peer's participant id (`members[].id`); one channel per peer id, so a channel
+   * attached for a peer id replaces (detaches) the one attached before, even a channel already
+   * closing, which is then not attached. Does nothing else after `close()`; a channel that
+   * closes is detached. Throws a `UsageError` (`BadArgument`) for a peer id that is not a string
+   * or a `channel` that is not an event target. The SDK sends and reads its own
    * `{"t":"hostlease.relay"}` messages on `channel`: best a channel of its own. */
   attachPeer(peerId: string, channel: RTCDataChannel): void;
   detachPeer(peerId: string): void;
   signal(to: string, data: unknown): boolean;
-  /** This participant's durable inbox, read over HTTP with the room's join token. */
+  /** This participant's durable inbox, read over HTTP with the room's join token (see
+   * `fetchInbox`; a refused token is asked of `getToken` once more). */
   inbox(options?: { since?: number }): Promise<InboxPage>;
   close(): void;
 }
@@ -220,5 +248,8 @@ export interface FetchInboxOptions {
   since?: number;
 }
 
-/** Reads a participant's durable inbox over HTTP, without joining the room. */
+/** Reads a participant's durable inbox over HTTP, without joining the room. Rejects with a
+ * `UsageError` (`BadArgument`: bad options), a `ConnectionError` (`unauthorized`: the token was
+ * refused; `Unavailable`: the server could not be reached or answered an error) or a
+ * `ProtocolError` (`BadResponse`: a page that is not an inbox page). */
 export declare function fetchInbox(options: FetchInboxOptions): Promise<InboxPage>;

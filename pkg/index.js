@@ -33,7 +33,9 @@ export class UsageError extends HostleaseError {}
 export class CommandError extends HostleaseError {}
 /** The connection or its credentials failed. */
 export class ConnectionError extends HostleaseError {}
-/** The server or a peer broke the protocol. */
+/** A peer or the server broke a protocol rule: a forged relay, `ProtocolViolation`, a malformed
+ * HTTP answer (`BadResponse`). (A frame the decoder refuses, like the server's own error frames,
+ * is a `ConnectionError` with the decoder's code.) */
 export class ProtocolError extends HostleaseError {}
 // `.name` spelled out: bundlers rename classes, and `constructor.name` goes with them.
 // (An object's shorthand keys are the source names; a minifier keeps them.)
@@ -79,7 +81,7 @@ export function init(input) {
       },
       (e) => {
         ready = null;
-        throw new UsageError(ErrorCode.NotInitialized, "the hostlease WebAssembly module failed to load", { cause: e });
+        throw new UsageError(ErrorCode.NotInitialized, "the hostlease .wasm failed to load", { cause: e });
       },
     );
   }
@@ -326,7 +328,9 @@ export class Room {
       const id = this._driver.command(String(action), toJson(payload, () => ErrorCode.BadPayload));
       result = new Promise((resolve, reject) => this._pending.set(id, { resolve, reject }));
     } catch (code) {
-      result = Promise.reject(commandError(typeof code === "string" ? code : ErrorCode.Rejected));
+      // The driver refuses with its code; anything else was thrown on the way there (an action
+      // whose toString throws): not the server's refusal (`Rejected`).
+      result = Promise.reject(commandError(typeof code === "string" ? code : ErrorCode.BadArgument));
     }
     this._held = null;
     for (const json of held) this._onEvents(json);

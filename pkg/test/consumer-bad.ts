@@ -7,3 +7,8 @@ export async function bad() {
   const n: string = room.view.epoch;
   return n;
 }
+
+export async function noToken() {
+  // Neither `token` nor `getToken`: connect() would reject it (BadArgument).
+  return connect({ url: "wss://example.test", room: "lunch" });
+}

@@ -68,13 +68,16 @@ test("connect refuses what it cannot use, and a room refuses what JSON cannot ho
       await assert.rejects(room.command("vote", bad), (e) => e instanceof hl.CommandError && e.code === "BadPayload");
       assert.throws(() => room.signal("peer", bad), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
     }
-    // Longer than 60 KiB of JSON text: a frame the server would refuse, so refused here.
-    const big = "x".repeat(61_440);
+    // Longer than 60,416 bytes of JSON text: a frame the server would refuse, so refused here.
+    const big = "x".repeat(60_415);
     await assert.rejects(room.command("vote", big), (e) => e instanceof hl.CommandError && e.code === "BadPayload");
     assert.equal(room.signal("peer", big), false);
     const cyclic = {};
     cyclic.self = cyclic;
     await assert.rejects(room.command("vote", cyclic), (e) => e.code === "BadPayload");
+    // An action that cannot be made a string is the caller's, not a refusal by the server.
+    const action = { toString() { throw new Error("no"); } };
+    await assert.rejects(room.command(action), (e) => e instanceof hl.CommandError && e.code === "BadArgument");
     assert.equal(room.signal("peer", undefined), false, "not connected: nothing sent, nothing thrown");
   } finally {
     room.close();
