@@ -796,7 +796,8 @@ impl Conn {
         }
     }
 
-    /// The client answered (an echo, a resume): if its lease had lapsed, elections no longer
+    /// The client's page answered (an echo, a resume, a command of its own: not a pong, which
+    /// the browser sends for a frozen page too): if its lease had lapsed, elections no longer
     /// pass it over.
     fn answered(&self) {
         self.room
@@ -1072,6 +1073,7 @@ impl Conn {
                 epoch,
                 capability,
             } => {
+                self.answered();
                 if let Err(ms) = self.command_rate.admit() {
                     // Over the command rate: refused, retryable, in order with the answers
                     // before it; the SDK backs off for at least `retry_after_ms`.

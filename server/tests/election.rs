@@ -371,19 +371,10 @@ async fn sessions_that_let_the_lease_lapse_do_not_keep_it_from_a_live_member() {
     drop((m1, m2));
 }
 
-/// A resignation passes over a session whose lease lapsed too (it picked the first member by
-/// join order, the one that had just failed to answer).
-#[tokio::test]
-async fn a_resignation_passes_over_a_session_whose_lease_lapsed() {
-    let srv = start(test_config()).await;
-    let mut deaf = srv.raw("rz", "mallory", true).await;
-    deaf.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
-        .await;
-    let mut bob = srv.raw("rz", "bob", true).await;
-    tokio::time::timeout(Duration::from_secs(10), bob.until_host())
-        .await
-        .expect("bob becomes host once mallory's lease lapsed");
-    let (epoch, token) = bob
+/// `host` resigns with the newest host capability it was given; the host `watcher` then hears
+/// was chosen by the resignation.
+async fn resign(host: &mut Raw, watcher: &mut Raw) -> Option<hostlease::protocol::ParticipantId> {
+    let (epoch, token) = host
         .seen
         .iter()
         .rev()
@@ -396,12 +387,8 @@ async fn a_resignation_passes_over_a_session_whose_lease_lapsed() {
             } => Some((*epoch, token.clone())),
             _ => None,
         })
-        .unwrap();
-    let mut carol = srv.raw("rz", "carol", true).await;
-    carol
-        .until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
-        .await;
-    bob.send(&hostlease::protocol::ClientMsg::Command {
+        .expect("a host capability");
+    host.send(&hostlease::protocol::ClientMsg::Command {
         id: hostlease::protocol::IdempotencyKey::new("bye").unwrap(),
         action: hostlease::protocol::Action::new("host.resign").unwrap(),
         payload: hostlease::protocol::json::Json::null(),
@@ -409,14 +396,74 @@ async fn a_resignation_passes_over_a_session_whose_lease_lapsed() {
         capability: token,
     })
     .await;
-    let next = carol
+    watcher
         .until(|m| match m {
             ServerMsg::Assignment(a) if a.assignment.reason == Reason::Resigned => {
                 Some(a.assignment.host.clone())
             }
             _ => None,
         })
+        .await
+}
+
+/// A resignation passes over a session whose lease lapsed too (it picked the first member by
+/// join order, the one that had just failed to answer).
+#[tokio::test]
+async fn a_resignation_passes_over_a_session_whose_lease_lapsed() {
+    let srv = start(test_config()).await;
+    let mut deaf = srv.raw("rz", "mallory", true).await;
+    deaf.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
         .await;
+    let mut bob = srv.raw("rz", "bob", true).await;
+    tokio::time::timeout(Duration::from_secs(10), bob.until_host())
+        .await
+        .expect("bob becomes host once mallory's lease lapsed");
+    let mut carol = srv.raw("rz", "carol", true).await;
+    carol
+        .until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    let next = resign(&mut bob, &mut carol).await;
     assert_eq!(next.as_ref().map(|h| h.as_str()), Some("carol"));
     drop(deaf);
+}
+
+/// A session whose lease lapsed is passed over only until its page shows it runs again: a
+/// command of its own counts, as an echo or a resume does (a former host that missed one renewal
+/// was passed over for the rest of its session).
+#[tokio::test]
+async fn a_lapsed_session_that_sends_a_command_is_eligible_again() {
+    let srv = start(test_config()).await;
+    let mut deaf = srv.raw("rc", "mallory", true).await;
+    let participant = deaf
+        .until(|m| match m {
+            ServerMsg::Capability {
+                role: hostlease::protocol::Role::Participant,
+                token,
+                ..
+            } => Some(token.clone()),
+            _ => None,
+        })
+        .await;
+    let mut bob = srv.raw("rc", "bob", true).await;
+    tokio::time::timeout(Duration::from_secs(10), bob.until_host())
+        .await
+        .expect("bob becomes host once mallory's lease lapsed");
+    let mut carol = srv.raw("rc", "carol", true).await;
+    carol
+        .until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    // Mallory's page is back: it votes.
+    deaf.send(&hostlease::protocol::ClientMsg::Command {
+        id: hostlease::protocol::IdempotencyKey::new("back").unwrap(),
+        action: hostlease::protocol::Action::new("vote").unwrap(),
+        payload: hostlease::protocol::json::Json::null(),
+        epoch: None,
+        capability: participant,
+    })
+    .await;
+    deaf.until(|m| matches!(m, ServerMsg::CommandResult { .. }).then_some(()))
+        .await;
+    let next = resign(&mut bob, &mut carol).await;
+    // First in join order, and no longer passed over.
+    assert_eq!(next.as_ref().map(|h| h.as_str()), Some("mallory"));
 }
