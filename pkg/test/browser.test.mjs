@@ -34,18 +34,19 @@ after(async () => {
   statics?.server.close();
 });
 
-/** Opens a page for participant `pid` in `room`, connected through its own proxy. */
-async function member(room, pid, { webrtc = true, tokenTtl, tokenTtlMs } = {}) {
+/** Opens a page for participant `pid` in `room`, connected through its own proxy (to `server`,
+ * by default the one every test shares). */
+async function member(room, pid, { webrtc = true, tokenTtl, tokenTtlMs, server = srv } = {}) {
   const ctx = await browser.newContext();
   await ctx.grantPermissions(["microphone", "camera"]);
   const page = await ctx.newPage();
   page.on("pageerror", (e) => console.error(`[${pid}] pageerror`, e));
-  const proxy = new FaultProxy(srv.port);
+  const proxy = new FaultProxy(server.port);
   const port = await proxy.listen();
   await page.goto(`http://127.0.0.1:${statics.port}/`);
   await page.waitForFunction(() => window.T?.ready);
   const tokens = [];
-  for (let i = 0; i < 20; i++) tokens.push(await srv.mintToken(room, pid, tokenTtl));
+  for (let i = 0; i < 20; i++) tokens.push(await server.mintToken(room, pid, tokenTtl));
   await page.evaluate((o) => window.T.start(o), { url: `ws://127.0.0.1:${port}`, room, tokens, webrtc, tokenTtlMs });
   const m = { pid, page, proxy, ctx, view: () => page.evaluate(() => window.T.view()), log: () => page.evaluate(() => window.T.log) };
   opened.add(m);
@@ -300,6 +301,33 @@ test("a page shown again, or a network change, marks the lease unknown and resyn
   }
   await amHost(a);
   await closeAll(a);
+});
+
+test("a quiet page is not taken for a dead one: Chromium answers the server's pings", async () => {
+  // A server that pings a session it has heard nothing from for 200 ms and gives it up after
+  // 600 ms: bob, no host (no lease probes to echo) and sending nothing, is heard only by the
+  // pongs Chromium sends for those pings, through his proxy.
+  const quick = await startServer({ heartbeatMs: 200 });
+  try {
+    const room = newRoom();
+    const a = await member(room, "alice", { webrtc: false, server: quick });
+    await amHost(a);
+    const b = await member(room, "bob", { webrtc: false, server: quick });
+    await live(b);
+    // Twenty periods: a bounded wait, nothing timed.
+    await new Promise((r) => setTimeout(r, 4_000));
+    const phases = (await b.log()).filter((e) => e.type === "connection").map((e) => e.payload.phase);
+    assert.deepEqual(phases.filter((p) => p !== "connecting"), ["live"], `bob's connection: ${phases}`);
+    const metrics = await (await fetch(`${quick.base}/metrics`)).text();
+    assert.ok(!/hostlease_ws_unresponsive_total [1-9]/.test(metrics), metrics);
+    // The check can fail: a page that stops answering (its path held) is given up.
+    b.proxy.hold();
+    await until("the server gives up bob's held connection", async () =>
+      /hostlease_ws_unresponsive_total [1-9]/.test(await (await fetch(`${quick.base}/metrics`)).text()), { timeout: 30_000 });
+    await closeAll(a, b);
+  } finally {
+    await quick.stop();
+  }
 });
 
 test("the join token is refreshed before it expires, without dropping the connection", async () => {

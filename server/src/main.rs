@@ -132,6 +132,12 @@ struct ServeArgs {
     /// `rate_limited` with a retry time; any frames past four times it close the connection.
     #[arg(long, env = "HOSTLEASE_MSG_RATE", default_value_t = 50.0)]
     msg_rate: f64,
+    /// A session the server has sent nothing for this long gets a heartbeat, and one it has heard
+    /// nothing from (not even the pong its browser sends for a ping) for three times this is
+    /// given up (1..=15000 ms; the SDK presumes a server silent for 20 s gone).
+    #[arg(long, env = "HOSTLEASE_HEARTBEAT_MS", default_value_t = hostlease::protocol::codec::HEARTBEAT_MS,
+          value_parser = clap::value_parser!(u64).range(1..=hostlease::protocol::codec::HEARTBEAT_MS))]
+    heartbeat_ms: u64,
     /// HTTP requests per second per address (burst is twice this).
     #[arg(long, env = "HOSTLEASE_HTTP_RATE", default_value_t = 50.0)]
     http_rate: f64,
@@ -274,6 +280,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             http_burst: a.http_rate * 2.0,
             sweep_ms: a.sweep_ms,
             presence_ms: a.presence_ms,
+            heartbeat_ms: a.heartbeat_ms,
             admin_key: a.admin_key,
             webhook_url: a.webhook_url,
             webhook_secret: a.webhook_secret,

@@ -33,8 +33,9 @@ async function waitHealthy(base, child) {
 }
 
 /** `leaseMs`: short TTLs keep failover scenarios quick (nothing asserts on speed). `www`: a
- * directory of static files to serve as well (the demo, as `cargo xtask demo` lays it out). */
-export async function startServer({ leaseMs = 1500, www } = {}) {
+ * directory of static files to serve as well (the demo, as `cargo xtask demo` lays it out).
+ * `heartbeatMs`: the server's heartbeat period (default 15 s). */
+export async function startServer({ leaseMs = 1500, www, heartbeatMs } = {}) {
   const dir = await mkdtemp(join(tmpdir(), "hostlease-e2e-"));
   const port = await freePort();
   const base = `http://127.0.0.1:${port}`;
@@ -45,6 +46,7 @@ export async function startServer({ leaseMs = 1500, www } = {}) {
       "serve", "--db", `sqlite://${join(dir, "hostlease.db")}`, "--listen", `127.0.0.1:${port}`, "--dev",
       "--server-key", join(dir, "server-key.json"), "--lease-ms", String(leaseMs),
       ...(www ? ["--www", www] : []),
+      ...(heartbeatMs ? ["--heartbeat-ms", String(heartbeatMs)] : []),
     ], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn", HOSTLEASE_ADMIN_KEY: ADMIN_KEY } });
     child.stdout.on("data", (d) => logs.push(String(d)));
     child.stderr.on("data", (d) => logs.push(String(d)));
