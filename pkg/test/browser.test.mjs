@@ -304,18 +304,18 @@ test("a page shown again, or a network change, marks the lease unknown and resyn
 });
 
 test("a quiet page is not taken for a dead one: Chromium answers the server's pings", async () => {
-  // A server that pings a session it has heard nothing from for 200 ms and gives it up after
-  // 600 ms: bob, no host (no lease probes to echo) and sending nothing, is heard only by the
+  // A server that pings a session it has heard nothing from for 400 ms and gives it up after
+  // 1.2 s: bob, no host (no lease probes to echo) and sending nothing, is heard only by the
   // pongs Chromium sends for those pings, through his proxy.
-  const quick = await startServer({ heartbeatMs: 200 });
+  const quick = await startServer({ heartbeatMs: 400 });
   try {
     const room = newRoom();
     const a = await member(room, "alice", { webrtc: false, server: quick });
     await amHost(a);
     const b = await member(room, "bob", { webrtc: false, server: quick });
     await live(b);
-    // Twenty periods: a bounded wait, nothing timed.
-    await new Promise((r) => setTimeout(r, 4_000));
+    // Fifteen periods: a bounded wait, nothing timed.
+    await new Promise((r) => setTimeout(r, 6_000));
     const phases = (await b.log()).filter((e) => e.type === "connection").map((e) => e.payload.phase);
     assert.deepEqual(phases.filter((p) => p !== "connecting"), ["live"], `bob's connection: ${phases}`);
     const metrics = await (await fetch(`${quick.base}/metrics`)).text();
