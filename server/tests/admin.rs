@@ -362,14 +362,15 @@ async fn lowering_the_ttl_under_a_live_host_does_not_fail_it_over() {
     let r = reqwest::Client::new()
         .post(format!("http://{}/v1/admin/rooms/low/ttl", srv.addr))
         .bearer_auth("admin-secret")
-        .json(&serde_json::json!({"lease_ms": 150}))
+        .json(&serde_json::json!({"lease_ms": 300}))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    // Alice answers every probe at once. Renewals now grant 150 ms: unless the next probe comes
+    // Alice answers every probe at once. Renewals now grant 300 ms: unless the next probe comes
     // within that (not at the 500 ms planned under the old lease), the lease lapses and bob is
-    // elected although alice never stopped answering.
+    // elected although alice never stopped answering. (At 150 ms, a 100 ms stall of a loaded
+    // machine failed it once.)
     let mut short = 0;
     let deadline = tokio::time::Instant::now() + WAIT;
     while short < 10 {
@@ -385,7 +386,7 @@ async fn lowering_the_ttl_under_a_live_host_does_not_fail_it_over() {
                 ..
             } => {
                 assert_eq!(epoch, Epoch(1));
-                short += u32::from(remaining_ms == 150);
+                short += u32::from(remaining_ms == 300);
             }
             ServerMsg::Assignment(x) => {
                 assert_eq!(x.assignment.epoch, Epoch(1), "failed over: {x:?}")
