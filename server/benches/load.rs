@@ -242,6 +242,9 @@ fn spawn_server(dir: &Path, name: &str, max_members: usize) -> Proc {
         // an HTTP request: at the default 50/s per address, joins would be capped at 50/s.
         "--http-rate",
         "100000",
+        // And every one of its sockets counts against that one address.
+        "--max-sockets-per-address",
+        "1000000",
         "--max-members",
         &max_members.max(1000).to_string(),
     ])
@@ -1779,7 +1782,7 @@ async fn run(room_size: usize, small: usize, n_rooms: usize, nofile: u64) {
     ));
     let failures: u64 = fan1.iter().chain(&fan_n).map(|f| f.failures).sum();
     notes.push(format!(
-        "hostlease-server child process on 127.0.0.1 (`--lease-ms {LEASE_MS} --sweep-ms {SWEEP_MS} --msg-rate 100000 --http-rate 100000`, other limits at their defaults: rooms of {room_size} stay within `--max-members`); the load generator is one `HostView` per client over tokio-tungstenite (TCP_NODELAY, like browsers), {HANDSHAKES} handshakes at a time, hosts pipelining up to {PIPELINE} commands"
+        "hostlease-server child process on 127.0.0.1 (`--lease-ms {LEASE_MS} --sweep-ms {SWEEP_MS} --msg-rate 100000 --http-rate 100000 --max-sockets-per-address 1000000`, other limits at their defaults: rooms of {room_size} stay within `--max-members`); the load generator is one `HostView` per client over tokio-tungstenite (TCP_NODELAY, like browsers), {HANDSHAKES} handshakes at a time, hosts pipelining up to {PIPELINE} commands"
     ));
     notes.push(format!(
         "fan-out: every event is a host command accepted by the server (one SQLite commit with fsync each) and broadcast to the room; the baseline sends the same event frames (re-encoded with the same codec, same sizes) from one publisher connection per room to the same number of `HostView` clients; command failures during fan-out: {failures}"

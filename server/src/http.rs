@@ -73,10 +73,10 @@ impl Limiter {
 /// Client addresses the limiter keeps a bucket for at most.
 const MAX_BUCKETS: usize = 100_000;
 
-/// The bucket a client address counts against: an IPv6 client by its /64 (one subscriber's
+/// The bucket a client address counts against (and its open WebSockets): an IPv6 client by its /64 (one subscriber's
 /// network: a client that rotates its interface identifier, as privacy addresses do and as an
 /// abuser can at will, stays one client), an IPv4-mapped one as the IPv4 address it is.
-fn client_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -203,6 +203,7 @@ fn bearer(h: &HeaderMap) -> Option<Token> {
 
 async fn ws_upgrade(
     State(app): State<Arc<App>>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
     Path(room): Path<String>,
     ws: WebSocketUpgrade,
 ) -> Response {
@@ -219,7 +220,7 @@ async fn ws_upgrade(
     ws.read_buffer_size(4096)
         .max_message_size(2 * MAX_CLIENT_FRAME)
         .max_frame_size(2 * MAX_CLIENT_FRAME)
-        .on_upgrade(move |socket| crate::ws::run(app, room, socket))
+        .on_upgrade(move |socket| crate::ws::run(app, room, client_key(addr.ip()), socket))
 }
 
 async fn snapshot(State(app): State<Arc<App>>, Path(room): Path<String>) -> Response {
@@ -273,12 +274,14 @@ async fn command(
     };
     // Checked before the room is loaded: a request without a capability signed for this room
     // neither loads the room nor takes one of `max_rooms` (it got 503 "too many rooms" when
-    // they were all taken). The full check (expiry, holder, epoch) follows with the room.
-    if !app
+    // they were all taken). The rest (expiry, holder, epoch) is checked with the room, from these
+    // claims (the signature is verified once).
+    let Some(claims) = app
         .cap_keys
         .verify::<CapClaims>(CAP_PREFIX, token.expose())
-        .is_ok_and(|c| c.room == room)
-    {
+        .ok()
+        .filter(|c| c.room == room)
+    else {
         metrics::counter!("hostlease_commands_total", "result" => RejectCode::BadCapability.as_str())
             .increment(1);
         let outcome = Outcome::Rejected {
@@ -287,7 +290,7 @@ async fn command(
             retry_after_ms: None,
         };
         return (StatusCode::FORBIDDEN, json_body(&outcome)).into_response();
-    }
+    };
     let hub = match app.room(&room).await {
         Ok(Some(h)) => h,
         Ok(None) => return (StatusCode::SERVICE_UNAVAILABLE, "too many rooms").into_response(),
@@ -303,7 +306,7 @@ async fn command(
         &hub,
         crate::ws::Incoming {
             sender: None,
-            capability: &token,
+            capability: crate::ws::Capability::Verified(claims),
             key,
             action: req.action,
             payload: req.payload,

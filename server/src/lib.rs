@@ -29,6 +29,10 @@ pub struct Config {
     pub max_rooms: usize,
     pub max_members: usize,
     pub max_connections: usize,
+    /// Open WebSockets per client address (an IPv6 client counts by its /64): one address
+    /// could otherwise take all `max_connections`. Behind a proxy or a large NAT every client
+    /// shares an address: raise it there.
+    pub max_sockets_per_address: usize,
     /// Per-connection command rate: sustained per second, and burst. A command past it is
     /// refused `rate_limited` with a time to retry after; frames of any kind past four times it
     /// close the connection (a flood).
@@ -77,6 +81,7 @@ impl Default for Config {
             max_rooms: 10_000,
             max_members: 1000,
             max_connections: 20_000,
+            max_sockets_per_address: 1000,
             msg_rate: 50.0,
             msg_burst: 100.0,
             http_rate: 50.0,

@@ -124,6 +124,11 @@ struct ServeArgs {
     max_members: usize,
     #[arg(long, env = "HOSTLEASE_MAX_CONNECTIONS", default_value_t = 20_000)]
     max_connections: usize,
+    /// Open WebSockets per client address (an IPv6 client counts by its /64); one more is
+    /// refused `too_many_connections`. Behind a proxy or a large NAT, raise it.
+    #[arg(long, env = "HOSTLEASE_MAX_SOCKETS_PER_ADDRESS", default_value_t = 1000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_sockets_per_address: usize,
     /// Accept backlog: connections the kernel queues until they are accepted (capped by
     /// `net.core.somaxconn`). Past it, a new connection's SYN is dropped and retried after 1 s.
     #[arg(long, env = "HOSTLEASE_LISTEN_BACKLOG", default_value_t = hostlease_server::LISTEN_BACKLOG)]
@@ -274,6 +279,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             max_rooms: a.max_rooms,
             max_members: a.max_members,
             max_connections: a.max_connections,
+            max_sockets_per_address: a.max_sockets_per_address,
             msg_rate: a.msg_rate,
             msg_burst: a.msg_rate * 2.0,
             http_rate: a.http_rate,

@@ -351,6 +351,9 @@ pub struct App {
     /// reconnect storm's joins queue behind one another.
     pub rooms: Mutex<HashMap<RoomId, Arc<Room>>>,
     pub connections: AtomicUsize,
+    /// Open WebSockets per client address (as the HTTP limiter keys it); an address with none
+    /// has no entry, so the map holds at most `max_connections` entries.
+    pub sockets_by_address: Mutex<HashMap<std::net::IpAddr, usize>>,
     pub committed: Notify,
     pub shutdown: tokio::sync::watch::Sender<bool>,
     /// Signs dev join tokens when `--dev` is on.
@@ -377,6 +380,7 @@ impl App {
             cap_keys,
             rooms: Mutex::new(HashMap::new()),
             connections: AtomicUsize::new(0),
+            sockets_by_address: Mutex::new(HashMap::new()),
             committed: Notify::new(),
             shutdown: tokio::sync::watch::channel(false).0,
             dev_app_key,

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -253,18 +254,32 @@ fn random_session() -> SessionId {
     SessionId::new(format!("s-{s}")).expect("valid session id")
 }
 
-/// Decrements the connection count when the session ends, however it ends.
-struct ConnGuard(Arc<App>);
+/// Decrements the connection counts when the session ends, however it ends.
+struct ConnGuard(Arc<App>, IpAddr);
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.0.connections.fetch_sub(1, Ordering::Relaxed);
+        let mut by_address = self.0.sockets_by_address.lock().expect("address lock");
+        if let Some(n) = by_address.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                by_address.remove(&self.1);
+            }
+        }
     }
 }
 
-pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
-    // Counted until the socket is dropped, drain included, so the cap bounds open sockets.
+/// `address`: the client's, as the HTTP limiter keys it.
+pub async fn run(app: Arc<App>, room_id: RoomId, address: IpAddr, socket: WebSocket) {
+    // Counted until the socket is dropped, drain included, so the caps bound open sockets.
     let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
-    let _guard = ConnGuard(app.clone());
+    let from_address = {
+        let mut by_address = app.sockets_by_address.lock().expect("address lock");
+        let n = by_address.entry(address).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let _guard = ConnGuard(app.clone(), address);
     let (sink, mut stream) = socket.split();
     let mut sink = Sink {
         inner: sink,
@@ -276,6 +291,14 @@ pub async fn run(app: Arc<App>, room_id: RoomId, socket: WebSocket) {
             &mut sink,
             ErrorCode::TooManyConnections,
             "too many connections",
+        )
+        .await;
+    } else if from_address > app.cfg.max_sockets_per_address {
+        metrics::counter!("hostlease_ws_address_refused_total").increment(1);
+        close_with(
+            &mut sink,
+            ErrorCode::TooManyConnections,
+            "too many connections from this address",
         )
         .await;
     } else {
@@ -1095,7 +1118,7 @@ impl Conn {
                     &self.room,
                     Incoming {
                         sender: Some((&self.me, &self.session)),
-                        capability: &capability,
+                        capability: Capability::Token(&capability),
                         key: id.clone(),
                         action,
                         payload,
@@ -1137,11 +1160,18 @@ impl Conn {
 pub struct Incoming<'a> {
     /// The sending connection (WebSocket), or `None` for HTTP (the token's `sub`/`sid` stand).
     pub sender: Option<(&'a ParticipantId, &'a SessionId)>,
-    pub capability: &'a Token,
+    pub capability: Capability<'a>,
     pub key: IdempotencyKey,
     pub action: Action,
     pub payload: Json,
     pub epoch: Option<Epoch>,
+}
+
+/// A command's capability: the token as it came (WebSocket), or its claims, whose signature the
+/// caller has already verified for the room (HTTP checks it before loading the room).
+pub enum Capability<'a> {
+    Token(&'a Token),
+    Verified(CapClaims),
 }
 
 /// One command, from either transport: verify the capability's signature, choose the next
@@ -1241,10 +1271,13 @@ fn queue_command(
         payload,
         epoch,
     } = cmd;
-    let claims: CapClaims = app
-        .cap_keys
-        .verify(CAP_PREFIX, capability.expose())
-        .map_err(|_| RejectCode::BadCapability)?;
+    let claims: CapClaims = match capability {
+        Capability::Verified(c) => c,
+        Capability::Token(t) => app
+            .cap_keys
+            .verify(CAP_PREFIX, t.expose())
+            .map_err(|_| RejectCode::BadCapability)?,
+    };
     let kind = if action.as_str() == ACTION_RESIGN || action.as_str() == ACTION_TRANSFER {
         ActionKind::Host
     } else {

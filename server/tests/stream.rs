@@ -1292,6 +1292,56 @@ async fn what_commits_while_the_server_starts_is_published() {
     assert_eq!(row.epoch, got.epoch);
 }
 
+/// One client address holds at most `max_sockets_per_address` open WebSockets, whoever they
+/// are for (it could take all `max_connections` before); a socket that closes frees its place.
+#[tokio::test]
+async fn one_address_cannot_take_every_connection() {
+    let srv = start(hostlease_server::Config {
+        max_sockets_per_address: 3,
+        ..test_config()
+    })
+    .await;
+    let welcomed = |m: &ServerMsg| matches!(m, ServerMsg::Welcome { .. }).then_some(());
+    let mut held = Vec::new();
+    for (room, p) in [("a1", "ann"), ("a2", "bob"), ("a2", "cy")] {
+        let mut r = srv.raw(room, p, false).await;
+        r.until(welcomed).await;
+        held.push(r);
+    }
+    let mut one_more = srv.raw("a3", "dee", false).await;
+    assert_eq!(
+        one_more.until_closed().await,
+        Some(ErrorCode::TooManyConnections)
+    );
+    assert!(srv
+        .metrics()
+        .await
+        .contains("hostlease_ws_address_refused_total 1"));
+    drop(held.pop());
+    // The closed socket's place is freed once its session has ended (bounded retries: each
+    // refused attempt is closed, so it frees its own place too).
+    let mut back = false;
+    for _ in 0..50 {
+        let mut r = srv.raw("a3", "dee", false).await;
+        let got = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match r.next(Duration::from_secs(5)).await {
+                    Some(ServerMsg::Welcome { .. }) => return true,
+                    Some(ServerMsg::Error { .. }) | None => return false,
+                    Some(_) => {}
+                }
+            }
+        })
+        .await;
+        if got == Ok(true) {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back, "a place freed by a closed socket is taken again");
+}
+
 /// One participant holds at most 16 sessions in a room: one join token no longer fills the room
 /// (every other member then refused `room_full`).
 #[tokio::test]
