@@ -1,9 +1,10 @@
 // The README's quick start, as a newcomer would run it: the package packed with `npm pack`,
-// installed into a fresh Vite app, the quick-start block copied from README.md into its
-// main.js, built by Vite and served by the real hostlease-server (`--dev --www`), in headless
-// Chromium (playwright-core, Debian's browser), inside the loopback-only network namespace of
-// `cargo xtask test`. The test plays the app's backend: it answers `/join-token` with a token
-// minted by the server's dev endpoint. Waits are for conditions, with generous bounds.
+// installed into a fresh Vite app (its README and licence texts checked), the quick-start block
+// copied from README.md into its main.js, built by Vite and served by the real hostlease-server
+// (`--dev --www`), in headless Chromium (playwright-core, Debian's browser), inside the
+// loopback-only network namespace of `cargo xtask test`. The test plays the app's backend: it
+// answers `/join-token` with a token minted by the server's dev endpoint. Waits are for
+// conditions, with generous bounds.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -36,11 +37,11 @@ const INDEX_HTML = `<!doctype html>
 </html>
 `;
 
-/** The first ```js block under "## Quick start (JavaScript)" in README.md. */
-async function quickStart() {
-  const readme = await readFile(join(ROOT, "README.md"), "utf8");
-  const m = /^## Quick start \(JavaScript\)\n+```js\n([\s\S]*?)^```/m.exec(readme);
-  assert.ok(m, "README.md has a ```js block under ## Quick start (JavaScript)");
+/** The first ```js block under the "## Quick start" heading of a README. */
+async function quickStart(path) {
+  const readme = await readFile(path, "utf8");
+  const m = /^## Quick start[^\n]*\n[\s\S]*?^```js\n([\s\S]*?)^```/m.exec(readme);
+  assert.ok(m, `${path} has a \`\`\`js block under ## Quick start`);
   return m[1];
 }
 
@@ -53,7 +54,14 @@ before(async () => {
   const tarball = packed.stdout.trim().split("\n").pop();
   await writeFile(join(app, "package.json"), JSON.stringify({ name: "quickstart", private: true, type: "module" }));
   await run("npm", ["install", "--offline", "--no-audit", "--no-fund", "--no-package-lock", `./${tarball}`], { cwd: app });
-  const code = await quickStart();
+  // The package's own README (what the registry shows) ships in it, with this README's quick
+  // start, and so do the licence texts it names.
+  const code = await quickStart(join(ROOT, "README.md"));
+  const installed = join(app, "node_modules/hostlease");
+  assert.equal(await quickStart(join(installed, "README.md")), code, "the package's README has README.md's quick start");
+  for (const f of ["LICENSE-MIT", "LICENSE-APACHE"]) {
+    assert.match(await readFile(join(installed, f), "utf8"), /License/, `${f} is in the package`);
+  }
   assert.ok(code.includes(PLACEHOLDER_URL), `the quick start connects to ${PLACEHOLDER_URL}`);
   await writeFile(join(app, "main.js"), PREAMBLE + code.replace(PLACEHOLDER_URL, 'location.origin.replace(/^http/, "ws")') + POSTAMBLE);
   await writeFile(join(app, "index.html"), INDEX_HTML);

@@ -391,6 +391,12 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
             .arg("-o")
             .arg(&wasm),
     )?;
+    // The licence texts go into the package (npm packs `LICENSE*` at its root); one copy of
+    // each stays in git, at the repository's root.
+    for f in ["LICENSE-MIT", "LICENSE-APACHE"] {
+        std::fs::copy(root.join(f), root.join("pkg").join(f))
+            .map_err(|e| format!("copy {f} into pkg/: {e}"))?;
+    }
     let sizes = sizes::measure(root)?;
     sizes::print(&sizes);
     Ok(sizes)
