@@ -165,6 +165,40 @@ fn input_before_the_snapshot_is_buffered_and_applied_once_in_order() {
     assert_eq!(v.phase(), Phase::Live);
 }
 
+/// A late joiner's welcome replays the room's history, past assignments among its events. The
+/// snapshot's assignment is adopted first, so the past ones are older than the view and dropped
+/// as stale: one `HostChanged`, the current host's, and every room event in order. (Applied in
+/// seq order before the snapshot, each past host was announced in turn, all of them after the
+/// view already showed the current one.)
+#[test]
+fn a_replayed_history_announces_only_the_current_host() {
+    let mut v = connected("c");
+    let snap = snapshot(assignment(3, 6, Some("b")), vec![member("b", 2)], None);
+    let missed = vec![
+        Item::Assignment(assignment(1, 1, Some("a")).into()),
+        Item::Event(event(2, 1, "a")),
+        Item::Assignment(assignment(2, 3, Some("x")).into()),
+        Item::Event(event(4, 2, "x")),
+        Item::Event(event(5, 2, "x")),
+        Item::Assignment(assignment(3, 6, Some("b")).into()),
+    ];
+    let (_, ev) = server(&mut v, 2, welcome("c", snap, missed));
+    let hosts: Vec<_> = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::HostChanged {
+                assignment, via, ..
+            } => Some((assignment.epoch, *via)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hosts, vec![(Epoch(3), Source::Snapshot)]);
+    assert_eq!(room_events(&ev), vec![2, 4, 5]);
+    assert_eq!(v.stats().stale_dropped, 2);
+    assert_eq!(v.cursor(), Seq(6));
+    assert_eq!(v.phase(), Phase::Live);
+}
+
 #[test]
 fn a_seq_buffered_twice_keeps_the_copy_that_came_last() {
     let mut v = connected("b");

@@ -813,6 +813,11 @@ impl HostView {
         self.stalls = 0;
         self.me = Some(you);
         self.session = Some(session);
+        // The authoritative state replaces the view (never with an older epoch), before the
+        // replay: an assignment replayed from the room's history is older than the snapshot's,
+        // and is dropped as stale (a late joiner was told every past host, after the view
+        // already showed the current one). The replay's room events are applied as before.
+        self.adopt(snapshot.current, Source::Snapshot);
 
         // Items after our cursor up to the snapshot point, in order, each once.
         if let Some(gap) = discontinuity {
@@ -860,8 +865,6 @@ impl HostView {
         }
         self.cursor = self.cursor.max(snapshot.seq);
 
-        // The authoritative state replaces the view (never with an older epoch).
-        self.adopt(snapshot.current, Source::Snapshot);
         self.have_snapshot = true;
         // Into election order by the presence path (the server sends them in that order, so
         // each lands at the end); a session listed twice under one key is kept once.
