@@ -19,7 +19,7 @@ use hostlease::core::elect;
 use hostlease::protocol::{
     codec::{
         decode_client, decode_server, encode_body, encode_server, HEARTBEAT_MS, MAX_CLIENT_FRAME,
-        MAX_MEMBERS, MAX_REPLAY,
+        MAX_CLIENT_PAYLOAD, MAX_MEMBERS, MAX_PAYLOAD_DEPTH, MAX_REPLAY,
     },
     Action, ActionKind, ClientMsg, DecodeError, Epoch, ErrorCode, Gap, IdempotencyKey, Item, Json,
     Member, Outcome, ParticipantId, Reason, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId,
@@ -1278,6 +1278,12 @@ fn queue_command(
             .verify(CAP_PREFIX, t.expose())
             .map_err(|_| RejectCode::BadCapability)?,
     };
+    // A payload the SDK would not send: longer than its limit, or nested so deep that the
+    // frames wrapping it (a welcome's replay, an inbox page) would pass the JSON reader's depth
+    // limit, and every client resuming past it would fail to decode its welcome.
+    if payload.as_str().len() > MAX_CLIENT_PAYLOAD || payload.depth() > MAX_PAYLOAD_DEPTH {
+        return Err(RejectCode::BadRequest);
+    }
     let kind = if action.as_str() == ACTION_RESIGN || action.as_str() == ACTION_TRANSFER {
         ActionKind::Host
     } else {

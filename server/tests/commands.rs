@@ -607,3 +607,82 @@ async fn probe_round_trips_reconnects_and_epoch_ahead_claims_are_measured() {
         );
     }
 }
+
+/// A payload the SDK would not send is refused `bad_request`, over either transport: one nested
+/// deeper than `MAX_PAYLOAD_DEPTH` (accepted, a 127-deep vote made every welcome that replayed
+/// it, 129 deep, undecodable: each client resuming past it was locked out of the room), or
+/// longer than `MAX_CLIENT_PAYLOAD`. A 64-deep one is accepted, and a joiner's replay of it
+/// decodes.
+#[tokio::test]
+async fn a_payload_too_deep_or_too_long_is_refused_and_replays_stay_decodable() {
+    use hostlease::protocol::codec::{MAX_CLIENT_PAYLOAD, MAX_PAYLOAD_DEPTH};
+    use hostlease::protocol::{Item, Json};
+    let srv = start(test_config()).await;
+    let mut b = srv.raw("deep", "bob", false).await;
+    let p = participant_token(&mut b).await;
+    let nested = |d: usize| Json::parse(&format!("{}{}", "[".repeat(d), "]".repeat(d))).unwrap();
+    let mut send = async |id: &str, payload: Json| {
+        b.send(&ClientMsg::Command {
+            id: key(id),
+            action: Action::new("vote").unwrap(),
+            payload,
+            epoch: None,
+            capability: p.clone(),
+        })
+        .await;
+        let want = key(id);
+        b.until(|m| match m {
+            ServerMsg::CommandResult { id, outcome } if *id == want => Some(outcome.clone()),
+            _ => None,
+        })
+        .await
+    };
+    let ok = send("d64", nested(MAX_PAYLOAD_DEPTH)).await;
+    assert!(matches!(ok, Outcome::Accepted { .. }), "{ok:?}");
+    for (id, payload) in [
+        ("d65", nested(MAX_PAYLOAD_DEPTH + 1)),
+        ("d127", nested(127)),
+        (
+            "long",
+            Json::parse(&format!("\"{}\"", "x".repeat(MAX_CLIENT_PAYLOAD - 1))).unwrap(),
+        ),
+    ] {
+        let o = send(id, payload).await;
+        assert_eq!(rejected(&o).0, RejectCode::BadRequest, "{id}");
+    }
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/rooms/deep/commands", srv.addr))
+        .bearer_auth(p.expose())
+        .header("Idempotency-Key", "h127")
+        .header("content-type", "application/json")
+        .body(format!(
+            "{{\"action\":\"vote\",\"payload\":{}}}",
+            nested(127).as_str()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // A joiner replaying the room's history decodes its welcome (`next` panics otherwise).
+    let mut c = Raw::join(
+        srv.addr,
+        "deep",
+        &join_token(&srv.app_key, "deep", "cy", false),
+        Some(0),
+    )
+    .await;
+    let missed = c
+        .until(|m| match m {
+            ServerMsg::Welcome { missed, .. } => Some(missed.clone()),
+            _ => None,
+        })
+        .await;
+    let deepest = missed
+        .iter()
+        .filter_map(|i| match i {
+            Item::Event(e) => Some(e.payload.depth()),
+            _ => None,
+        })
+        .max();
+    assert_eq!(deepest, Some(MAX_PAYLOAD_DEPTH));
+}

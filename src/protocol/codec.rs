@@ -20,6 +20,10 @@ pub const MAX_CLIENT_FRAME: usize = 64 * 1024;
 /// less room for the rest of it (ids, the action, the epoch and a capability token of
 /// `MAX_TOKEN_LEN`), so that a payload within it always makes a frame the server accepts.
 pub const MAX_CLIENT_PAYLOAD: usize = MAX_CLIENT_FRAME - MAX_TOKEN_LEN - 1024;
+/// Deepest nesting of a command's payload, which a server accepts (it refuses a deeper one
+/// `bad_request`): the server's frames wrap a payload up to four levels deeper (an inbox entry),
+/// and every frame must stay within the JSON reader's `MAX_DEPTH` (128).
+pub const MAX_PAYLOAD_DEPTH: usize = 64;
 /// Largest server → client frame, in bytes (a welcome of a full room with its replay).
 pub const MAX_SERVER_FRAME: usize = 4 * 1024 * 1024;
 /// Most members in one room (and so in one snapshot): few enough that a welcome of a full room

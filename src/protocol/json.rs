@@ -554,6 +554,32 @@ impl Json {
         &*self.0 == "null"
     }
 
+    /// How deeply arrays and objects nest in it (0 for a scalar).
+    pub fn depth(&self) -> usize {
+        let (mut depth, mut deepest, mut in_str, mut escaped) = (0usize, 0usize, false, false);
+        for b in self.0.bytes() {
+            if in_str {
+                match b {
+                    _ if escaped => escaped = false,
+                    b'\\' => escaped = true,
+                    b'"' => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_str = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        deepest
+    }
+
     /// The string value of `key` when this is an object that has one (a built-in action's
     /// argument, such as `host.transfer`'s `to`).
     pub fn get_str(&self, key: &str) -> Option<String> {
@@ -702,6 +728,19 @@ mod tests {
     fn nesting_is_bounded() {
         let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
         assert!(valid(&deep(MAX_DEPTH as usize)));
+        for (text, depth) in [
+            ("1", 0),
+            (r#""[{""#, 0),
+            ("[]", 1),
+            (r#"{"a":[1,{"b":"]}\\"}],"c":{}}"#, 3),
+            (r#"["\"[",[[]]]"#, 3),
+        ] {
+            assert_eq!(Json::parse(text).unwrap().depth(), depth, "{text}");
+        }
+        assert_eq!(
+            Json::parse(&deep(MAX_DEPTH as usize)).unwrap().depth(),
+            MAX_DEPTH as usize
+        );
         assert!(!valid(&deep(MAX_DEPTH as usize + 1)));
     }
 
