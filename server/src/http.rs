@@ -158,10 +158,31 @@ async fn to_the_end(req: Request, next: Next) -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// Reads a request's body whole, within the header timeout, for the routes that take one: a
+/// client that sent a head and then part of its body (or one chunk of it) held a socket and a
+/// task for ever, as one sending half a head did before `header_timeout_ms`.
+async fn body_in_time(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let limit = std::time::Duration::from_millis(app.cfg.header_timeout_ms);
+    match tokio::time::timeout(limit, axum::body::to_bytes(body, MAX_CLIENT_FRAME)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, bytes.into())).await,
+        Ok(Err(_)) => (StatusCode::BAD_REQUEST, "the body could not be read").into_response(),
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            [(header::CONNECTION, "close")],
+            "the body was not sent in time",
+        )
+            .into_response(),
+    }
+}
+
 pub fn router(app: Arc<App>) -> Router {
     let mut r = Router::new()
         .route("/v1/rooms/{room}/ws", get(ws_upgrade))
-        .route("/v1/rooms/{room}/commands", post(command))
+        .route(
+            "/v1/rooms/{room}/commands",
+            post(command).layer(middleware::from_fn_with_state(app.clone(), body_in_time)),
+        )
         .merge(
             Router::new()
                 .route("/v1/admin/rooms/{room}/reassign", post(admin_reassign))
@@ -169,12 +190,25 @@ pub fn router(app: Arc<App>) -> Router {
                 .route("/v1/admin/rooms/{room}/close", post(admin_close))
                 .route("/v1/admin/rooms/{room}/ttl", post(admin_ttl))
                 .route_layer(middleware::from_fn(to_the_end))
+                // Read once the key is checked: a request without it is refused unread.
+                .route_layer(middleware::from_fn_with_state(app.clone(), body_in_time))
                 .route_layer(middleware::from_fn_with_state(app.clone(), admin_gate)),
         )
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_route));
     if app.cfg.dev {
-        r = r.route("/dev/token", post(dev_token));
+        // Callable from a page of another origin (an app's dev server: Vite on its own port),
+        // whatever content type the page sends: it is for development only.
+        let cors = CorsLayer::new()
+            .allow_origin(Any)
+            .allow_methods([Method::POST])
+            .allow_headers([header::CONTENT_TYPE]);
+        r = r.merge(
+            Router::new()
+                .route("/dev/token", post(dev_token))
+                .route_layer(middleware::from_fn_with_state(app.clone(), body_in_time))
+                .route_layer(cors),
+        );
     }
     if let Some(dir) = &app.cfg.www {
         r = r.fallback_service(tower_http::services::ServeDir::new(dir));
@@ -647,17 +681,31 @@ fn yes() -> bool {
     true
 }
 
+/// The longest a dev join token lives (a larger `ttl_ms` overflowed the expiry: a panic).
+const MAX_DEV_TTL_MS: u64 = 30 * 24 * 3_600_000;
+
 /// `--dev` only: mints a join token with the dev app key (for the demo).
-async fn dev_token(State(app): State<Arc<App>>, Json(req): Json<DevTokenReq>) -> Response {
+async fn dev_token(State(app): State<Arc<App>>, body: Bytes) -> Response {
     let Some(k) = &app.dev_app_key else {
         return (StatusCode::NOT_FOUND, "no dev key").into_response();
     };
+    let Ok(req) = serde_json::from_slice::<DevTokenReq>(&body) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "expected {\"room\", \"participant\", \"name\"?, \"may_host\"?, \"ttl_ms\"?}",
+        )
+            .into_response();
+    };
+    let ttl_ms = req.ttl_ms.unwrap_or(3_600_000);
+    if !(1..=MAX_DEV_TTL_MS).contains(&ttl_ms) {
+        return (StatusCode::BAD_REQUEST, "ttl_ms: 1 to 30 days").into_response();
+    }
     let claims = JoinClaims {
         room: req.room,
         sub: req.participant,
         name: Member::clamp_name(&req.name).to_string(),
         may_host: req.may_host,
-        exp: crate::tokens::now_ms() + req.ttl_ms.unwrap_or(3_600_000),
+        exp: crate::tokens::now_ms() + ttl_ms,
         kid: k.kid.clone(),
     };
     Json(serde_json::json!({ "token": k.sign_token(JOIN_PREFIX, &claims) })).into_response()

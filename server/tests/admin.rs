@@ -664,8 +664,9 @@ async fn requests_are_refused_before_their_bodies_are_read() {
     );
 }
 
-/// A socket that opens and sends nothing, or half a request head, is closed once the header
-/// timeout passes (each held a task and a file handle for ever); a whole request is answered.
+/// A socket that opens and sends nothing, half a request head, or a head and part of its body,
+/// is closed once the header timeout passes (each held a task and a file handle for ever: the
+/// body had no deadline at all); a whole request is answered.
 #[tokio::test]
 async fn sockets_that_send_no_whole_request_head_are_closed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -691,9 +692,29 @@ async fn sockets_that_send_no_whole_request_head_are_closed() {
     half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         .await
         .unwrap();
-    let (a, b) = tokio::join!(closed_within(silent), closed_within(half));
+    // No credentials needed: a body was read before any check.
+    let mut part_body = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    part_body
+        .write_all(
+            b"POST /v1/rooms/r/commands HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nAB",
+        )
+        .await
+        .unwrap();
+    let mut one_chunk = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    one_chunk
+        .write_all(b"POST /v1/rooms/r/commands HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nAB\r\n")
+        .await
+        .unwrap();
+    let (a, b, c, d) = tokio::join!(
+        closed_within(silent),
+        closed_within(half),
+        closed_within(part_body),
+        closed_within(one_chunk)
+    );
     assert!(a, "a socket that sent nothing is still open");
     assert!(b, "a socket that sent half a head is still open");
+    assert!(c, "a socket that sent part of its body is still open");
+    assert!(d, "a socket that sent one chunk of its body is still open");
     let r = reqwest::get(format!("http://{}/healthz", srv.addr))
         .await
         .unwrap();
@@ -708,4 +729,64 @@ async fn a_session_that_joins_during_a_shutdown_is_told() {
     srv.app.shutdown.send_replace(true);
     let mut late = srv.raw("sd2", "alice", false).await;
     assert_eq!(late.until_closed().await, Some(ErrorCode::Internal));
+}
+
+/// `--dev`'s `/dev/token` answers a page of another origin (an app's own dev server, Vite on
+/// its port: the preflight got 405 and the browser refused the answer) whatever content type it
+/// sends (415 without `application/json`), and refuses a `ttl_ms` it cannot add to the clock
+/// (a panic) or one of none.
+#[tokio::test]
+async fn the_dev_token_endpoint_serves_another_origin_and_refuses_bad_ttls() {
+    let srv = start(hostlease_server::Config {
+        dev: true,
+        ..test_config()
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/dev/token", srv.addr);
+    let pre = http
+        .request(reqwest::Method::OPTIONS, &url)
+        .header("Origin", "http://localhost:5173")
+        .header("Access-Control-Request-Method", "POST")
+        .header("Access-Control-Request-Headers", "content-type")
+        .send()
+        .await
+        .unwrap();
+    assert!(pre.status().is_success(), "{}", pre.status());
+    assert_eq!(pre.headers()["access-control-allow-origin"], "*");
+    // A plain `fetch(url, { method: "POST", body: JSON.stringify(...) })` sends text/plain.
+    let r = http
+        .post(&url)
+        .header("Origin", "http://localhost:5173")
+        .header("content-type", "text/plain;charset=UTF-8")
+        .body(r#"{"room":"dev","participant":"ann","name":"Ann"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    let token: serde_json::Value = r.json().await.unwrap();
+    let token = hostlease::protocol::Token::new(token["token"].as_str().unwrap());
+    let mut ann = Raw::join(srv.addr, "dev", &token, None).await;
+    ann.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    for ttl in [u64::MAX, 0] {
+        let r = http
+            .post(&url)
+            .body(format!(
+                r#"{{"room":"dev","participant":"bob","ttl_ms":{ttl}}}"#
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "ttl_ms {ttl}");
+    }
+    // The server is still there.
+    let r = http
+        .post(&url)
+        .body(r#"{"room":"dev","participant":"cy"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }

@@ -52,7 +52,15 @@ pub async fn start(cfg: Config) -> TestServer {
     let store = SqliteStore::open(&db).await.expect("open store");
     let app_key = Keypair::generate("app-1");
     let join = Verifier::from_keys(&[app_key.public()]).expect("verifier");
-    let app = App::new(cfg, Arc::new(store), Keypair::generate("srv-1"), join, None);
+    // With `dev`, `/dev/token` signs with the app key.
+    let dev_key = cfg.dev.then(|| app_key.clone());
+    let app = App::new(
+        cfg,
+        Arc::new(store),
+        Keypair::generate("srv-1"),
+        join,
+        dev_key,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
