@@ -780,7 +780,7 @@ fn kicked_room_closed_or_unsupported_version_closes_the_view() {
         };
         let (_, ev) = server(&mut v, 21, error);
         assert_eq!(v.phase(), Phase::Closed, "{code:?}");
-        assert!(ev.contains(&Event::ServerError(code)));
+        assert!(ev.contains(&Event::ServerError(code, "out".into())));
         assert!(ev.contains(&Event::CommandFailed {
             id: key,
             error: CommandError::Closed

@@ -403,7 +403,7 @@ test("a kicked member's page closes and stays out; closing the room closes every
   await closeAll(a, b);
 });
 
-test("a fixed join token the server refuses closes the room: its queued vote fails Closed and it does not dial again", async () => {
+test("a fixed join token the server refuses closes the room (its error says why): its queued vote fails Closed and it does not dial again", async () => {
   const room = newRoom();
   const ctx = await browser.newContext();
   const page = await ctx.newPage();
@@ -420,7 +420,8 @@ test("a fixed join token the server refuses closes the room: its queued vote fai
   await until("the page closed", async () => (await page.evaluate(() => window.T.view())).phase === "closed");
   assert.equal((await vote).err?.code, "Closed");
   const log = await page.evaluate(() => window.T.log);
-  assert.ok(log.some((e) => e.type === "error" && e.error.code === "unauthorized"), JSON.stringify(log));
+  // With the server's own words (it was a generic "the server sent an error frame").
+  assert.ok(log.some((e) => e.type === "error" && e.error.code === "unauthorized" && e.error.message === "join token refused"), JSON.stringify(log));
   const dialed = proxy.accepted;
   // Longer than the supervisor's first reconnect delays: a page that would knock again has by now.
   await new Promise((r) => setTimeout(r, 3_000));

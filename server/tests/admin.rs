@@ -91,7 +91,7 @@ async fn admin_reassign_kick_and_close() {
     assert!(c
         .events
         .iter()
-        .any(|e| matches!(e, hostlease::core::Event::ServerError(ErrorCode::Kicked))));
+        .any(|e| matches!(e, hostlease::core::Event::ServerError(ErrorCode::Kicked, _))));
     // The kick's error frame is counted like the session's own errors.
     let page = srv.metrics().await;
     assert!(

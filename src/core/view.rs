@@ -169,8 +169,9 @@ pub enum Event {
         from_session: SessionId,
         data: Json,
     },
-    /// The server sent an error frame; `Unauthorized` means the join token must be refreshed.
-    ServerError(ErrorCode),
+    /// The server sent an error frame, with its text (for people); `Unauthorized` means the
+    /// join token must be refreshed.
+    ServerError(ErrorCode, String),
     /// No welcome answered the hello in time, or the server has been silent for longer than its
     /// heartbeat allows: the driver should close this connection and reconnect (with its usual
     /// backoff).
@@ -754,8 +755,8 @@ impl HostView {
                 from_session,
                 data,
             }),
-            ServerMsg::Error { code, .. } => {
-                self.events.push_back(Event::ServerError(code));
+            ServerMsg::Error { code, message } => {
+                self.events.push_back(Event::ServerError(code, message));
                 // Put out of the room by the server, or speaking a protocol version it no longer
                 // takes: joining again would undo a kick, or knock on a closed room (or with the
                 // same version) forever, so the view closes (pending commands fail `Closed`).
@@ -807,17 +808,17 @@ impl HostView {
                 return;
             }
         }
-        self.awaiting_welcome = false;
-        self.unanswered = self.unanswered.saturating_sub(1);
-        self.resync_retry_at = None;
-        self.stalls = 0;
-        self.me = Some(you);
         self.session = Some(session);
+        self.me = Some(you);
         // The authoritative state replaces the view (never with an older epoch), before the
         // replay: an assignment replayed from the room's history is older than the snapshot's,
         // and is dropped as stale (a late joiner was told every past host, after the view
         // already showed the current one). The replay's room events are applied as before.
         self.adopt(snapshot.current, Source::Snapshot);
+        self.awaiting_welcome = false;
+        self.unanswered = self.unanswered.saturating_sub(1);
+        self.resync_retry_at = None;
+        self.stalls = 0;
 
         // Items after our cursor up to the snapshot point, in order, each once.
         if let Some(gap) = discontinuity {

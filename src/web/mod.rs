@@ -221,7 +221,7 @@ enum JsEvent<'a> {
     },
     Error {
         code: &'static str,
-        message: &'static str,
+        message: &'a str,
     },
     Signal {
         from: &'a ParticipantId,
@@ -422,9 +422,9 @@ impl State {
                     from_session,
                     data,
                 }),
-                Event::ServerError(code) => self.push(JsEvent::Error {
+                Event::ServerError(code, message) => self.push(JsEvent::Error {
                     code: code.as_str(),
-                    message: "the server sent an error frame",
+                    message,
                 }),
                 Event::Stalled => stalled = true,
             }
