@@ -255,6 +255,10 @@ pub struct CapClaims {
     pub actions: Vec<Action>,
     /// Expiry, ms since the Unix epoch (compared with the store's clock).
     pub exp: u64,
+    /// Issued at, ms since the Unix epoch: a kick of `sub` from `room` at or after it revokes
+    /// the capability (0 in a capability minted before this claim existed: any kick does).
+    #[serde(default)]
+    pub iat: u64,
     pub kid: KeyId,
 }
 

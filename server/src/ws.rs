@@ -754,6 +754,7 @@ impl Conn {
             epoch: None,
             actions: actions.clone(),
             exp: crate::tokens::now_ms() + ttl,
+            iat: crate::tokens::now_ms(),
             kid: self.app.keys.kid.clone(),
         };
         let token = Token::new(self.app.keys.sign_token(CAP_PREFIX, &claims));
@@ -877,6 +878,7 @@ impl Conn {
                     epoch: Some(epoch),
                     actions: actions.clone(),
                     exp: expires,
+                    iat: crate::tokens::now_ms(),
                     kid: self.app.keys.kid.clone(),
                 };
                 let token = Token::new(self.app.keys.sign_token(CAP_PREFIX, &claims));

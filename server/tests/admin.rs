@@ -790,3 +790,52 @@ async fn the_dev_token_endpoint_serves_another_origin_and_refuses_bad_ttls() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// A kick revokes the capabilities issued to the participant before it: the kicked session's
+/// participant capability kept working over HTTP until it expired (ten minutes). One issued
+/// after the kick (the participant joined again with a join token from the app) works.
+#[tokio::test]
+async fn a_kick_revokes_the_capabilities_issued_before_it() {
+    use hostlease::protocol::{Role, Token};
+    let srv = start(test_config()).await;
+    async fn participant_cap(r: &mut Raw) -> Token {
+        r.until(|m| match m {
+            ServerMsg::Capability {
+                role: Role::Participant,
+                token,
+                ..
+            } => Some(token.clone()),
+            _ => None,
+        })
+        .await
+    }
+    let mut m = srv.raw("kr", "mallory", false).await;
+    let old = participant_cap(&mut m).await;
+    let http = reqwest::Client::new();
+    let vote = |cap: Token, key: &'static str| {
+        http.post(format!("http://{}/v1/rooms/kr/commands", srv.addr))
+            .bearer_auth(cap.expose())
+            .header("Idempotency-Key", key)
+            .json(&serde_json::json!({"action": "vote", "payload": {"n": 1}}))
+            .send()
+    };
+    assert_eq!(vote(old.clone(), "before").await.unwrap().status(), 200);
+    let r = http
+        .post(format!("http://{}/v1/admin/rooms/kr/kick", srv.addr))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"participant": "mallory"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(m.until_closed().await, Some(ErrorCode::Kicked));
+    let r = vote(old, "after").await.unwrap();
+    assert_eq!(r.status(), 403);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "bad_capability", "{body}");
+    // Let the clock move past the kick's millisecond, then join again.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut back = srv.raw("kr", "mallory", false).await;
+    let new = participant_cap(&mut back).await;
+    assert_eq!(vote(new, "new").await.unwrap().status(), 200);
+}

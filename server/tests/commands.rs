@@ -107,6 +107,7 @@ fn cap(
             Action::new("vote").unwrap(),
         ],
         exp,
+        iat: 0,
         kid: k.kid.clone(),
     };
     Token::new(k.sign_token(CAP_PREFIX, &claims))

@@ -74,6 +74,7 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
         epoch: Some(Epoch(1)),
         actions: vec![action.clone()],
         exp: now + LEASE,
+        iat: now,
         kid: keys.kid.clone(),
     };
     let cmd = |key: &str, n: u64, claims: &CapClaims| {
