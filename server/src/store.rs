@@ -942,12 +942,12 @@ impl SqliteStore {
     }
 }
 
-/// Housekeeping's deletes: `[idempotency, inbox, participants, outbox, log]`. Each deletes at
+/// Housekeeping's deletes: `[idempotency, inbox, inbox_items, participants, outbox, log]`. Each deletes at
 /// most `PRUNE_BATCH` rows and finds them through an index (a test reads their query plans):
 /// one statement over a whole table held the one writer, and with it every lease renewal queued
 /// behind, for seconds. `?1` is the retention in ms (for the log: the room); for the outbox `?2`
 /// deletes rows whatever their webhook, for the log it is the newest seq to delete.
-pub fn prune_sql() -> [String; 5] {
+pub fn prune_sql() -> [String; 6] {
     let aged = |table: &str, key: &str, column: &str, more: &str| {
         format!(
             "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} \
@@ -957,6 +957,7 @@ pub fn prune_sql() -> [String; 5] {
     [
         aged("idempotency", "rowid", "created_at", ""),
         aged("inbox", "cursor", "created_at", ""),
+        aged("inbox_items", "id", "created_at", ""),
         aged("participants", "rowid", "seen_at", ""),
         aged(
             "outbox",
@@ -1159,8 +1160,11 @@ impl Store for SqliteStore {
         // queued behind on the writer connection waits for a short transaction only.
         let claim =
             format!("UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL");
+        let store_item =
+            format!("INSERT INTO inbox_items (item, created_at) VALUES (?, {NOW}) RETURNING id");
         let insert = format!(
-            "INSERT INTO inbox (room, participant, item, created_at) VALUES (?, ?, ?, {NOW})"
+            "INSERT INTO inbox (room, participant, item, item_id, created_at) \
+             VALUES (?, ?, '', ?, {NOW})"
         );
         let mut n = 0;
         for chunk in rows.chunks(NOTIFY_CHUNK) {
@@ -1174,13 +1178,21 @@ impl Store for SqliteStore {
                 if claimed == 0 {
                     continue; // another process got it
                 }
-                for p in offline.get(room).into_iter().flatten() {
-                    sqlx::query(&insert)
-                        .bind(room.as_str())
-                        .bind(p)
+                let away = offline.get(room).map_or(&[][..], Vec::as_slice);
+                if !away.is_empty() {
+                    // The item once; a row per participant away points at it.
+                    let item_id: i64 = sqlx::query_scalar(&store_item)
                         .bind(item)
-                        .execute(&mut *tx)
+                        .fetch_one(&mut *tx)
                         .await?;
+                    for p in away {
+                        sqlx::query(&insert)
+                            .bind(room.as_str())
+                            .bind(p)
+                            .bind(item_id)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
                 }
                 n += 1;
             }
@@ -1254,7 +1266,9 @@ impl Store for SqliteStore {
         limit: i64,
     ) -> StoreResult<Vec<InboxEntry>> {
         let rows: Vec<(i64, String)> = sqlx::query_as(
-            "SELECT cursor, item FROM inbox WHERE room = ? AND participant = ? AND cursor > ? ORDER BY cursor LIMIT ?",
+            "SELECT i.cursor, COALESCE(it.item, i.item) FROM inbox i \
+             LEFT JOIN inbox_items it ON it.id = i.item_id \
+             WHERE i.room = ? AND i.participant = ? AND i.cursor > ? ORDER BY i.cursor LIMIT ?",
         )
         .bind(room.as_str())
         .bind(p.as_str())
@@ -1344,10 +1358,12 @@ impl Store for SqliteStore {
         ] {
             sqlx::query(&q).execute(&self.writer).await?;
         }
-        let [idempotency, inbox, participants, outbox, log] = prune_sql();
+        let [idempotency, inbox, inbox_items, participants, outbox, log] = prune_sql();
         for (q, keep) in [
             (idempotency, IDEMPOTENCY_RETENTION_MS),
             (inbox, self.inbox_retention_ms),
+            // Made in the same transaction as the rows that point at them: they age together.
+            (inbox_items, self.inbox_retention_ms),
             (participants, self.participant_retention_ms),
         ] {
             self.prune(|| sqlx::query(&q).bind(keep)).await?;

@@ -480,7 +480,7 @@ async fn migrations_apply_to_an_empty_database() {
         .fetch_one(s.pool())
         .await
         .unwrap();
-    assert_eq!(n, 6);
+    assert_eq!(n, 7);
     let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
         .fetch_one(s.pool())
         .await
@@ -500,7 +500,7 @@ async fn migrations_apply_to_an_empty_database() {
         .fetch_one(s.pool())
         .await
         .unwrap();
-    assert_eq!(n, 6);
+    assert_eq!(n, 7);
 }
 
 #[tokio::test]
