@@ -12,10 +12,10 @@ import { execFile } from "node:child_process";
 import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { promisify } from "node:util";
 import { chromium } from "playwright-core";
-import { startServer } from "./harness/server.mjs";
+import { BIN, startServer } from "./harness/server.mjs";
 import { until } from "./harness/until.mjs";
 
 const run = promisify(execFile);
@@ -37,13 +37,15 @@ const INDEX_HTML = `<!doctype html>
 </html>
 `;
 
-/** The first ```js block under the "## Quick start" heading of a README. */
-async function quickStart(path) {
+/** The first ```js block under the heading `## <heading>` of a README. */
+async function jsBlock(path, heading) {
   const readme = await readFile(path, "utf8");
-  const m = /^## Quick start[^\n]*\n[\s\S]*?^```js\n([\s\S]*?)^```/m.exec(readme);
-  assert.ok(m, `${path} has a \`\`\`js block under ## Quick start`);
+  const at = readme.search(new RegExp(`^## ${heading}`, "m"));
+  const m = at < 0 ? null : /^```js\n([\s\S]*?)^```/m.exec(readme.slice(at));
+  assert.ok(m, `${path} has a \`\`\`js block under ## ${heading}`);
   return m[1];
 }
+const quickStart = (path) => jsBlock(path, "Quick start");
 
 let app, srv, browser;
 
@@ -146,4 +148,39 @@ test("the README's quick start in a fresh Vite app: a host, its poll, and a new 
   assert.deepEqual([...ada.errors, ...bob.errors], []);
   await ada.ctx.close();
   await bob.ctx.close();
+});
+
+test("server/README.md's Node backend block mints join tokens the real server takes", async () => {
+  const dir = await mkdtemp(join(tmpdir(), "hostlease-backend-"));
+  let backend;
+  try {
+    const keyFile = join(dir, "app-key.json");
+    const otherKey = join(dir, "other-key.json");
+    await run(BIN, ["keygen", "--out", keyFile]);
+    await run(BIN, ["keygen", "--out", otherKey]);
+    const block = await jsBlock(join(ROOT, "server/README.md"), "Minting a join token");
+    await writeFile(join(dir, "mint.mjs"), block);
+    // The block reads its key file once, when imported.
+    const mint = async (file) => {
+      process.env.HOSTLEASE_APP_KEY = file;
+      try {
+        return await import(`${pathToFileURL(join(dir, "mint.mjs"))}?key=${encodeURIComponent(file)}`);
+      } finally {
+        delete process.env.HOSTLEASE_APP_KEY;
+      }
+    };
+    const { joinToken } = await mint(keyFile);
+    backend = await startServer({ appKey: keyFile });
+    const inbox = (room, token) => fetch(`${backend.base}/v1/rooms/${room}/inbox`, { headers: { authorization: `Bearer ${token}` } });
+    const { token, expiresAt } = joinToken({ room: "backend", participant: "ann", name: "Ann", mayHost: true });
+    assert.ok(expiresAt > Date.now() && expiresAt <= Date.now() + 3_600_000, `expiresAt ${expiresAt}`);
+    assert.equal((await inbox("backend", token)).status, 200, "the server takes the token");
+    // The check can fail: the server refuses a token for another room, or signed with another key.
+    assert.equal((await inbox("elsewhere", token)).status, 403);
+    const { joinToken: foreign } = await mint(otherKey);
+    assert.equal((await inbox("backend", foreign({ room: "backend", participant: "ann" }).token)).status, 403);
+  } finally {
+    await backend?.stop();
+    await rm(dir, { recursive: true, force: true });
+  }
 });

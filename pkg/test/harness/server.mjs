@@ -8,7 +8,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = fileURLToPath(new URL("../../../", import.meta.url));
-const BIN = process.env.HOSTLEASE_SERVER_BIN ?? join(root, "target/debug/hostlease-server");
+export const BIN = process.env.HOSTLEASE_SERVER_BIN ?? join(root, "target/debug/hostlease-server");
 
 const ADMIN_KEY = "browser-tests-admin-key";
 
@@ -34,8 +34,9 @@ async function waitHealthy(base, child) {
 
 /** `leaseMs`: short TTLs keep failover scenarios quick (nothing asserts on speed). `www`: a
  * directory of static files to serve as well (the demo, as `cargo xtask demo` lays it out).
- * `heartbeatMs`: the server's heartbeat period (default 15 s). */
-export async function startServer({ leaseMs = 1500, www, heartbeatMs } = {}) {
+ * `heartbeatMs`: the server's heartbeat period (default 15 s). `appKey`: an app key file whose
+ * join tokens the server takes too (besides the dev endpoint's). */
+export async function startServer({ leaseMs = 1500, www, heartbeatMs, appKey } = {}) {
   const dir = await mkdtemp(join(tmpdir(), "hostlease-e2e-"));
   const port = await freePort();
   const base = `http://127.0.0.1:${port}`;
@@ -47,6 +48,7 @@ export async function startServer({ leaseMs = 1500, www, heartbeatMs } = {}) {
       "--server-key", join(dir, "server-key.json"), "--lease-ms", String(leaseMs),
       ...(www ? ["--www", www] : []),
       ...(heartbeatMs ? ["--heartbeat-ms", String(heartbeatMs)] : []),
+      ...(appKey ? ["--app-key", appKey] : []),
     ], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? "warn", HOSTLEASE_ADMIN_KEY: ADMIN_KEY } });
     child.stdout.on("data", (d) => logs.push(String(d)));
     child.stderr.on("data", (d) => logs.push(String(d)));
