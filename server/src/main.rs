@@ -40,8 +40,8 @@ enum Cmd {
         room: String,
         #[arg(long)]
         participant: String,
-        /// Lifetime in seconds.
-        #[arg(long, default_value_t = 3600)]
+        /// Lifetime in seconds (at least 1).
+        #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
         ttl: u64,
         #[arg(long, default_value = "")]
         name: String,
@@ -270,6 +270,12 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         } else {
             None
         };
+        if join_keys.is_empty() {
+            // It would refuse every join: say so now rather than `unauthorized` to every client.
+            return Err("no key to verify join tokens with: pass --app-key <file> (from `keygen`), \
+                        --app-public-key kid:x, or --dev"
+                .into());
+        }
         let cfg = Config {
             lease_ms: a.lease_ms.max(30),
             actions: hostlease::protocol::ActionTable {

@@ -173,6 +173,11 @@ impl Verifier {
         Ok(())
     }
 
+    /// No key: every token is refused.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
     pub fn from_keys(keys: &[PublicKey]) -> Result<Self, String> {
         let mut v = Self::default();
         for k in keys {

@@ -280,6 +280,34 @@ fn cli_keygen_token_and_graceful_shutdown() {
         .verify(hostlease_server::tokens::JOIN_PREFIX, token.trim())
         .unwrap();
     assert!(c.may_host);
+    // A token that would be born expired is refused.
+    let out = std::process::Command::new(bin)
+        .args(["token", "--key", key.to_str().unwrap()])
+        .args(["--room", "r", "--participant", "p", "--ttl", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // A server without any key to verify join tokens with would refuse every join: it does not
+    // start, and says what to pass.
+    let out = std::process::Command::new(bin)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .arg("--db")
+        .arg(format!(
+            "sqlite://{}",
+            dir.path().join("nokey.db").display()
+        ))
+        .arg("--server-key")
+        .arg(dir.path().join("nokey-server.json"))
+        .env_remove("HOSTLEASE_APP_KEY")
+        .env_remove("HOSTLEASE_DEV")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no key to verify join tokens with"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // SIGTERM: the server exits cleanly.
     std::fs::copy(&key, dir.path().join("app-key.json")).unwrap();
