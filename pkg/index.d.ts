@@ -143,7 +143,7 @@ export interface EventMap {
 }
 
 /** `expiresAt`: milliseconds since the epoch, as `Date.now()`. */
-export type TokenResult = string | { token: string; expiresAt?: number };
+export type TokenResult = string | { token: string; expiresAt?: number | undefined };
 
 interface ConnectOptionsBase {
   /** The server's base URL (`wss://host`, or `https://host`, dialled as `wss://`; a path prefix

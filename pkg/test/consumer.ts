@@ -1,4 +1,5 @@
-// A consumer of the public types: `tsc --noEmit --strict` must accept it.
+// A consumer of the public types: `tsc --noEmit --strict --exactOptionalPropertyTypes` must
+// accept it.
 import { init, connect, fetchInbox, HostleaseError, CommandError, ErrorCode, type HostView, type InboxPage, type Room } from "hostlease";
 
 export async function main(channel: RTCDataChannel): Promise<number | null> {
@@ -8,6 +9,9 @@ export async function main(channel: RTCDataChannel): Promise<number | null> {
   room.on("provisional", ({ coordinator }) => console.log(coordinator?.toUpperCase()));
   room.on("error", (e) => console.log(e.code));
   off();
+  // A backend's answer whose expiry is unknown (as the runtime takes it).
+  const expiry: number | undefined = undefined;
+  await connect({ url: "wss://example.test", room: "lunch", getToken: () => ({ token: "t", expiresAt: expiry }) });
   room.attachPeer("peer-1", channel);
   const view: HostView = room.view;
   const missed: InboxPage = await fetchInbox({ url: "wss://example.test", room: "lunch", token: "t", since: 0 });

@@ -111,6 +111,9 @@ pub fn smoke(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
             .args([
                 "--noEmit",
                 "--strict",
+                // The strictest consumers: an optional property may not be given `undefined`
+                // unless the types say so.
+                "--exactOptionalPropertyTypes",
                 "--target",
                 "es2022",
                 "--module",
