@@ -824,21 +824,10 @@ async fn the_dev_token_endpoint_serves_another_origin_and_refuses_bad_ttls() {
 /// after the kick (the participant joined again with a join token from the app) works.
 #[tokio::test]
 async fn a_kick_revokes_the_capabilities_issued_before_it() {
-    use hostlease::protocol::{Role, Token};
+    use hostlease::protocol::Token;
     let srv = start(test_config()).await;
-    async fn participant_cap(r: &mut Raw) -> Token {
-        r.until(|m| match m {
-            ServerMsg::Capability {
-                role: Role::Participant,
-                token,
-                ..
-            } => Some(token.clone()),
-            _ => None,
-        })
-        .await
-    }
     let mut m = srv.raw("kr", "mallory", false).await;
-    let old = participant_cap(&mut m).await;
+    let old = m.participant_token().await;
     let http = reqwest::Client::new();
     let vote = |cap: Token, key: &'static str| {
         http.post(format!("http://{}/v1/rooms/kr/commands", srv.addr))
@@ -864,6 +853,6 @@ async fn a_kick_revokes_the_capabilities_issued_before_it() {
     // Let the clock move past the kick's millisecond, then join again.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let mut back = srv.raw("kr", "mallory", false).await;
-    let new = participant_cap(&mut back).await;
+    let new = back.participant_token().await;
     assert_eq!(vote(new, "new").await.unwrap().status(), 200);
 }

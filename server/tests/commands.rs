@@ -50,18 +50,6 @@ async fn wait_host(r: &mut Raw) -> Granted {
     }
 }
 
-async fn participant_token(r: &mut Raw) -> Token {
-    r.until(|m| match m {
-        ServerMsg::Capability {
-            role: Role::Participant,
-            token,
-            ..
-        } => Some(token.clone()),
-        _ => None,
-    })
-    .await
-}
-
 fn key(s: &str) -> IdempotencyKey {
     IdempotencyKey::new(s).unwrap()
 }
@@ -134,9 +122,9 @@ async fn rejection_matrix_changes_no_state() {
     // The sweeper is slow here, so the join's own election grants alice.
     let g = wait_host(&mut a).await;
     let mut a2 = srv.raw("m", "alice", true).await;
-    let _ = participant_token(&mut a2).await;
+    let _ = a2.participant_token().await;
     let mut b = srv.raw("m", "bob", true).await;
-    let pb = participant_token(&mut b).await;
+    let pb = b.participant_token().await;
     let before = srv.app.store.room(&room).await.unwrap().unwrap();
     let now = hostlease_server::tokens::now_ms();
     let forger = Keypair::generate(srv.app.keys.kid.as_str());
@@ -337,7 +325,7 @@ async fn idempotent_retries_across_ws_and_http() {
     let srv = start(test_config()).await;
     let room = RoomId::new("idem").unwrap();
     let mut b = srv.raw("idem", "bob", false).await;
-    let p = participant_token(&mut b).await;
+    let p = b.participant_token().await;
     let o1 = cmd(&mut b, "k1", "vote", None, &p).await;
     let Outcome::Accepted { seq } = o1 else {
         panic!("{o1:?}")
@@ -453,7 +441,7 @@ async fn a_transfer_retried_after_its_target_left_replays_its_outcome() {
     let mut a = srv.raw("tr", "alice", true).await;
     let g = wait_host(&mut a).await;
     let mut b = srv.raw("tr", "bob", true).await;
-    participant_token(&mut b).await;
+    b.participant_token().await;
     let transfer = |k: &str| ClientMsg::Command {
         id: key(k),
         action: Action::new("host.transfer").unwrap(),
@@ -620,7 +608,7 @@ async fn a_payload_too_deep_or_too_long_is_refused_and_replays_stay_decodable() 
     use hostlease::protocol::{Item, Json};
     let srv = start(test_config()).await;
     let mut b = srv.raw("deep", "bob", false).await;
-    let p = participant_token(&mut b).await;
+    let p = b.participant_token().await;
     let nested = |d: usize| Json::parse(&format!("{}{}", "[".repeat(d), "]".repeat(d))).unwrap();
     let mut send = async |id: &str, payload: Json| {
         b.send(&ClientMsg::Command {

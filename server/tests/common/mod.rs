@@ -210,6 +210,19 @@ impl Raw {
         }
     }
 
+    /// Reads until a participant capability arrives.
+    pub async fn participant_token(&mut self) -> Token {
+        self.until(|m| match m {
+            ServerMsg::Capability {
+                role: hostlease::protocol::Role::Participant,
+                token,
+                ..
+            } => Some(token.clone()),
+            _ => None,
+        })
+        .await
+    }
+
     /// Reads until the connection closes; returns the error code of the last error frame.
     pub async fn until_closed(&mut self) -> Option<hostlease::protocol::ErrorCode> {
         let mut code = None;
