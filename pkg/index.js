@@ -292,7 +292,9 @@ export class Room {
     // a closed room the app lets go of is collected (the driver with it).
     const to = { room: this };
     this._release = () => (to.room = null);
-    this._driver = new Driver(this._url, (json) => to.room?._onEvents(json), hi, lo, (m) => to.room?._onMessage(m), globalThis.window);
+    // `self`: a page's window, or a worker's global scope (timers, clock and network events
+    // alike); undefined in Node, where the driver then sets no timer.
+    this._driver = new Driver(this._url, (json) => to.room?._onEvents(json), hi, lo, (m) => to.room?._onMessage(m), globalThis.self);
   }
 
   /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending.

@@ -330,6 +330,33 @@ test("a quiet page is not taken for a dead one: Chromium answers the server's pi
   }
 });
 
+test("in a Web Worker the SDK has timers too: a connection cut there comes back by itself", async () => {
+  const room = newRoom();
+  const a = await member(room, "alice", { webrtc: false });
+  await amHost(a);
+  const ctx = await browser.newContext();
+  const page = await ctx.newPage();
+  page.on("pageerror", (e) => console.error("[worker page] pageerror", e));
+  const proxy = new FaultProxy(srv.port);
+  const port = await proxy.listen();
+  const w = { pid: "wendy", page, proxy, ctx };
+  opened.add(w);
+  await page.goto(`http://127.0.0.1:${statics.port}/`);
+  await page.waitForFunction(() => window.T?.ready);
+  const token = await srv.mintToken(room, "wendy");
+  await page.evaluate((o) => window.T.startWorker(o), { url: `ws://127.0.0.1:${port}`, room, token });
+  const view = async () => (await page.evaluate(() => window.T.workerView())).view;
+  await until("the worker's room is live", async () => (await view()).phase === "live");
+  assert.equal((await view()).host, "alice");
+  // Cut: the socket closes; the reconnect waits on a timer (the worker's: it had none before).
+  proxy.cut();
+  await until("the worker's room is offline", async () => (await view()).phase === "offline");
+  proxy.restore();
+  await until("the worker's room is live again", async () => (await view()).phase === "live", { timeout: 60_000 });
+  assert.equal((await view()).host, "alice");
+  await closeAll(w, a);
+});
+
 test("the join token is refreshed before it expires, without dropping the connection", async () => {
   const room = newRoom();
   // Expiring in 35 s: the wrapper refreshes 30 s ahead, so after about 5 s.

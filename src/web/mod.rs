@@ -177,7 +177,7 @@ struct State {
     out: Writer,
     closed: bool,
     lifecycle: Vec<Listener>,
-    /// The page's `window` (`None` in a worker or in Node: no timers, no lifecycle hooks).
+    /// The page's `window` or a worker's global scope (`None` in Node: no timers, no hooks).
     window: Option<web_sys::Window>,
 }
 
@@ -634,7 +634,7 @@ pub struct Driver {
 
 #[wasm_bindgen]
 impl Driver {
-    /// `url`: the room's WebSocket URL (no token in it). `emit(eventsJson)` receives every step's events. `seed`: 64 random bits for jitter and idempotency keys (from `crypto`). `onMessage`: the wrapper's handler for every socket's messages, which gives each frame to `eventSeq` or `handleFrame`. `window`: the page's `window`, or `undefined` in a worker or Node (then no timers and no page lifecycle hooks).
+    /// `url`: the room's WebSocket URL (no token in it). `emit(eventsJson)` receives every step's events. `seed`: 64 random bits for jitter and idempotency keys (from `crypto`). `onMessage`: the wrapper's handler for every socket's messages, which gives each frame to `eventSeq` or `handleFrame`. `window`: the page's `window` or a worker's global scope (`self`), or `undefined` in Node (then no timers and no lifecycle hooks).
     #[wasm_bindgen(constructor)]
     pub fn new(
         url: String,

@@ -134,5 +134,19 @@ window.T = {
   addThrowingListener: (type) => room.on(type, () => { throw new Error("listener bug"); }),
   openPeers: () => [...peers.entries()].filter(([, pc]) => pc.connectionState === "connected").map(([id]) => id),
   close: () => room.close(),
+  // A room in a dedicated module worker instead (`options`: connect's), and its view and log.
+  async startWorker(options) {
+    this.worker = new Worker("/test/browser/worker.js", { type: "module" });
+    return this.askWorker({ start: options });
+  },
+  askWorker(message) {
+    return new Promise((resolve) => {
+      this.worker.addEventListener("message", (e) => resolve(e.data), { once: true });
+      this.worker.postMessage(message);
+    });
+  },
+  workerView() {
+    return this.askWorker({ view: true });
+  },
 };
 window.T.ready = true;
