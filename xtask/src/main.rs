@@ -391,6 +391,10 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
             .arg("-o")
             .arg(&wasm),
     )?;
+    let mut bytes = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
+    let zeroed = strip::zero_panic_text(&mut bytes)?;
+    std::fs::write(&wasm, &bytes).map_err(|e| format!("write {}: {e}", wasm.display()))?;
+    eprintln!("\n==> panic text zeroed: {zeroed} bytes (xtask/src/strip.rs)");
     // The licence texts go into the package (npm packs `LICENSE*` at its root); one copy of
     // each stays in git, at the repository's root.
     for f in ["LICENSE-MIT", "LICENSE-APACHE"] {
@@ -493,4 +497,5 @@ fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
 
 mod pkg;
 mod sizes;
+mod strip;
 mod tools;
