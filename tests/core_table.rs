@@ -199,6 +199,34 @@ fn a_replayed_history_announces_only_the_current_host() {
     assert_eq!(v.phase(), Phase::Live);
 }
 
+/// A resuming view's replay keeps seq order, assignments included: no assignment it missed is
+/// lost (DESIGN's invariant), each announced among the events it came between.
+#[test]
+fn a_resumed_replay_announces_every_missed_assignment_in_order() {
+    let mut v = live("c", "a", 2);
+    v.handle_disconnected(at(20));
+    v.handle_connected(at(30), Token::new("jt"));
+    drain(&mut v);
+    let snap = snapshot(assignment(4, 6, Some("b")), vec![member("b", 2)], None);
+    let missed = vec![
+        Item::Event(event(3, 2, "a")),
+        Item::Assignment(assignment(3, 4, Some("x")).into()),
+        Item::Event(event(5, 3, "x")),
+        Item::Assignment(assignment(4, 6, Some("b")).into()),
+    ];
+    let (_, ev) = server(&mut v, 31, welcome("c", snap, missed));
+    let order: Vec<String> = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::HostChanged { assignment, .. } => Some(format!("host {}", assignment.epoch.0)),
+            Event::RoomEvent(r) => Some(format!("event {}", r.seq.0)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, ["event 3", "host 3", "event 5", "host 4"]);
+    assert_eq!(v.epoch(), Some(Epoch(4)));
+}
+
 #[test]
 fn a_seq_buffered_twice_keeps_the_copy_that_came_last() {
     let mut v = connected("b");

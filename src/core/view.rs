@@ -810,11 +810,17 @@ impl HostView {
         }
         self.session = Some(session);
         self.me = Some(you);
-        // The authoritative state replaces the view (never with an older epoch), before the
-        // replay: an assignment replayed from the room's history is older than the snapshot's,
-        // and is dropped as stale (a late joiner was told every past host, after the view
-        // already showed the current one). The replay's room events are applied as before.
-        self.adopt(snapshot.current, Source::Snapshot);
+        // The authoritative state replaces the view (never with an older epoch). On a first
+        // welcome it does so before the replay: the assignments in the room's history are then
+        // older and dropped as stale (a late joiner was told of every past host, after its view
+        // already showed the current one). A resuming view applies it after the replay, so that
+        // no assignment it missed is lost: each comes in seq order among the events.
+        let mut current = Some(snapshot.current);
+        if !self.have_snapshot {
+            if let Some(c) = current.take() {
+                self.adopt(c, Source::Snapshot);
+            }
+        }
         self.awaiting_welcome = false;
         self.unanswered = self.unanswered.saturating_sub(1);
         self.resync_retry_at = None;
@@ -865,6 +871,9 @@ impl HostView {
             }));
         }
         self.cursor = self.cursor.max(snapshot.seq);
+        if let Some(c) = current {
+            self.adopt(c, Source::Snapshot);
+        }
 
         self.have_snapshot = true;
         // Into election order by the presence path (the server sends them in that order, so
