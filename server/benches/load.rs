@@ -1414,7 +1414,7 @@ async fn commits(dir: &Path) -> Commits {
             epoch: Some(row.epoch),
             actions: vec![Action::new("poll.open").unwrap()],
             exp: hostlease_server::tokens::now_ms() + 3_600_000,
-            iat: hostlease_server::tokens::now_ms(),
+            sat: hostlease_server::tokens::now_ms(),
             kid: keys.kid.clone(),
         };
         let command_req = |key: u64| {

@@ -162,11 +162,14 @@ async fn to_the_end(req: Request, next: Next) -> Response {
 /// client that sent a head and then part of its body (or one chunk of it) held a socket and a
 /// task for ever, as one sending half a head did before `header_timeout_ms`.
 async fn body_in_time(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    use axum::extract::FromRequest;
     let (parts, body) = req.into_parts();
     let limit = std::time::Duration::from_millis(app.cfg.header_timeout_ms);
-    match tokio::time::timeout(limit, axum::body::to_bytes(body, MAX_CLIENT_FRAME)).await {
+    // Read as the `Bytes` extractor reads it: past the body limit (a chunked body, whose length
+    // is not announced) that is a 413, as before.
+    match tokio::time::timeout(limit, Bytes::from_request(Request::new(body), &())).await {
         Ok(Ok(bytes)) => next.run(Request::from_parts(parts, bytes.into())).await,
-        Ok(Err(_)) => (StatusCode::BAD_REQUEST, "the body could not be read").into_response(),
+        Ok(Err(rejection)) => rejection.into_response(),
         Err(_) => (
             StatusCode::REQUEST_TIMEOUT,
             [(header::CONNECTION, "close")],

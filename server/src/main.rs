@@ -40,8 +40,8 @@ enum Cmd {
         room: String,
         #[arg(long)]
         participant: String,
-        /// Lifetime in seconds (at least 1).
-        #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+        /// Lifetime in seconds (1 s to 10 years).
+        #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=315_360_000))]
         ttl: u64,
         #[arg(long, default_value = "")]
         name: String,
@@ -247,9 +247,8 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     }
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     rt.block_on(async move {
-        let mut store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
-        store.keep_for_webhook = a.webhook_url.is_some();
-        let keys = Keypair::load_or_create(&a.server_key, "srv")?;
+        // The keys first: a server that could take no join token stops before it creates a
+        // database or a key file.
         let mut join_keys = Verifier::default();
         for s in &a.app_public_keys {
             let (kid, x) = s.split_once(':').ok_or("app public key must be kid:x")?;
@@ -276,6 +275,9 @@ fn serve(a: ServeArgs) -> Result<(), String> {
                         --app-public-key kid:x, or --dev"
                 .into());
         }
+        let mut store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
+        store.keep_for_webhook = a.webhook_url.is_some();
+        let keys = Keypair::load_or_create(&a.server_key, "srv")?;
         let cfg = Config {
             lease_ms: a.lease_ms.max(30),
             actions: hostlease::protocol::ActionTable {

@@ -563,7 +563,7 @@ async fn command_in_tx(
     if c.exp <= now {
         return Ok((reject(RejectCode::BadCapability), false));
     }
-    // A kick revokes every capability issued to the participant before it: its sessions are
+    // A kick revokes every capability of the participant's sessions begun before it: they are
     // closed, but a participant capability kept working over HTTP until it expired. (A command
     // over a WebSocket comes from a session the kick closes: the look-up is for HTTP only, off
     // the hot path.)
@@ -573,7 +573,7 @@ async fn command_in_tx(
         )
         .bind(req.room.as_str())
         .bind(c.sub.as_str())
-        .bind(i64::try_from(c.iat).unwrap_or(i64::MAX))
+        .bind(i64::try_from(c.sat).unwrap_or(i64::MAX))
         .fetch_optional(&mut *tx)
         .await?;
         if kicked.is_some() {
@@ -961,7 +961,14 @@ pub fn prune_sql() -> [String; 6] {
     [
         aged("idempotency", "rowid", "created_at", ""),
         aged("inbox", "cursor", "created_at", ""),
-        aged("inbox_items", "id", "created_at", ""),
+        // Only once no row points at it: a row is written just after its item, and each
+        // delete runs with its own clock reading.
+        aged(
+            "inbox_items",
+            "id",
+            "created_at",
+            " AND NOT EXISTS (SELECT 1 FROM inbox WHERE inbox.item_id = inbox_items.id)",
+        ),
         aged("participants", "rowid", "seen_at", ""),
         aged(
             "outbox",
@@ -1366,7 +1373,6 @@ impl Store for SqliteStore {
         for (q, keep) in [
             (idempotency, IDEMPOTENCY_RETENTION_MS),
             (inbox, self.inbox_retention_ms),
-            // Made in the same transaction as the rows that point at them: they age together.
             (inbox_items, self.inbox_retention_ms),
             (participants, self.participant_retention_ms),
         ] {

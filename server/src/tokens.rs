@@ -260,10 +260,12 @@ pub struct CapClaims {
     pub actions: Vec<Action>,
     /// Expiry, ms since the Unix epoch (compared with the store's clock).
     pub exp: u64,
-    /// Issued at, ms since the Unix epoch: a kick of `sub` from `room` at or after it revokes
-    /// the capability (0 in a capability minted before this claim existed: any kick does).
+    /// When the session it was issued to began, ms since the Unix epoch: a kick of `sub` from
+    /// `room` at or after it revokes the capability, and every later one of that session (the
+    /// session may mint some before the kick closes it). 0 in a capability minted before this
+    /// claim existed: any kick does.
     #[serde(default)]
-    pub iat: u64,
+    pub sat: u64,
     pub kid: KeyId,
 }
 

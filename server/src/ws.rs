@@ -323,6 +323,8 @@ async fn drain(stream: &mut Stream) {
 }
 
 async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stream) {
+    // Before the session exists: a kick recorded from now on revokes its capabilities.
+    let started_ms = crate::tokens::now_ms();
     // The first frame must be a hello, within a bounded time.
     let first = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;
     let text = match first {
@@ -440,6 +442,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         room: room.hub().clone(),
         me: claims.sub.clone(),
         session: session.clone(),
+        started_ms,
         sink,
         host_epoch: None,
         host_ttl: app.cfg.lease_ms,
@@ -500,6 +503,8 @@ struct Conn {
     room: Arc<Room>,
     me: ParticipantId,
     session: SessionId,
+    /// When the session began (ms since the Unix epoch): its capabilities' `sat`.
+    started_ms: u64,
     sink: Sink,
     /// Set while the latest assignment names this session: the epoch being probed.
     host_epoch: Option<Epoch>,
@@ -754,7 +759,7 @@ impl Conn {
             epoch: None,
             actions: actions.clone(),
             exp: crate::tokens::now_ms() + ttl,
-            iat: crate::tokens::now_ms(),
+            sat: self.started_ms,
             kid: self.app.keys.kid.clone(),
         };
         let token = Token::new(self.app.keys.sign_token(CAP_PREFIX, &claims));
@@ -878,7 +883,7 @@ impl Conn {
                     epoch: Some(epoch),
                     actions: actions.clone(),
                     exp: expires,
-                    iat: crate::tokens::now_ms(),
+                    sat: self.started_ms,
                     kid: self.app.keys.kid.clone(),
                 };
                 let token = Token::new(self.app.keys.sign_token(CAP_PREFIX, &claims));

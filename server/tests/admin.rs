@@ -308,6 +308,10 @@ fn cli_keygen_token_and_graceful_shutdown() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        !dir.path().join("nokey.db").exists() && !dir.path().join("nokey-server.json").exists(),
+        "a server that did not start left files behind"
+    );
 
     // SIGTERM: the server exits cleanly.
     std::fs::copy(&key, dir.path().join("app-key.json")).unwrap();
@@ -690,6 +694,18 @@ async fn requests_are_refused_before_their_bodies_are_read() {
         line.as_deref().is_some_and(|l| l.contains(" 413 ")),
         "{line:?}"
     );
+    // A chunked body announces no length: past the limit it is a 413 all the same.
+    let chunk = "x".repeat(70_000);
+    let chunked = format!(
+        "POST /v1/rooms/x/commands HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t\r\n\
+         Idempotency-Key: k\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len()
+    );
+    let line = answer_without_body(srv.addr, &chunked).await;
+    assert!(
+        line.as_deref().is_some_and(|l| l.contains(" 413 ")),
+        "{line:?}"
+    );
 }
 
 /// A socket that opens and sends nothing, half a request head, or a head and part of its body,
@@ -819,15 +835,33 @@ async fn the_dev_token_endpoint_serves_another_origin_and_refuses_bad_ttls() {
     assert_eq!(r.status(), 200);
 }
 
-/// A kick revokes the capabilities issued to the participant before it: the kicked session's
-/// participant capability kept working over HTTP until it expired (ten minutes). One issued
-/// after the kick (the participant joined again with a join token from the app) works.
+/// A kick revokes the capabilities of the participant's sessions begun before it: the kicked
+/// session's participant capability kept working over HTTP until it expired (ten minutes). One
+/// of a session begun after the kick (joined again with a join token from the app) works.
 #[tokio::test]
-async fn a_kick_revokes_the_capabilities_issued_before_it() {
+async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
     use hostlease::protocol::Token;
     let srv = start(test_config()).await;
+    use hostlease_server::tokens::{CapClaims, CAP_PREFIX};
     let mut m = srv.raw("kr", "mallory", false).await;
     let old = m.participant_token().await;
+    // Every capability of a session carries the session's start, however late it was minted
+    // (a resume brings a fresh one).
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    m.send(&hostlease::protocol::ClientMsg::Resume {
+        cursor: hostlease::protocol::Seq(0),
+    })
+    .await;
+    let fresh = m.participant_token().await;
+    let sat = |t: &Token| {
+        srv.app
+            .cap_keys
+            .verify::<CapClaims>(CAP_PREFIX, t.expose())
+            .unwrap()
+            .sat
+    };
+    assert_ne!(fresh, old);
+    assert_eq!(sat(&fresh), sat(&old));
     let http = reqwest::Client::new();
     let vote = |cap: Token, key: &'static str| {
         http.post(format!("http://{}/v1/rooms/kr/commands", srv.addr))
@@ -846,10 +880,19 @@ async fn a_kick_revokes_the_capabilities_issued_before_it() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(m.until_closed().await, Some(ErrorCode::Kicked));
-    let r = vote(old, "after").await.unwrap();
+    let r = vote(old.clone(), "after").await.unwrap();
     assert_eq!(r.status(), 403);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["code"], "bad_capability", "{body}");
+    // One minted after the kick for a session begun before it (a session the kick has not
+    // closed yet, on another process, gets a fresh one with each resume) is revoked too.
+    let claims: CapClaims = srv.app.cap_keys.verify(CAP_PREFIX, old.expose()).unwrap();
+    let late = CapClaims {
+        exp: hostlease_server::tokens::now_ms() + 60_000,
+        ..claims
+    };
+    let late = Token::new(srv.app.keys.sign_token(CAP_PREFIX, &late));
+    assert_eq!(vote(late, "late").await.unwrap().status(), 403);
     // Let the clock move past the kick's millisecond, then join again.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let mut back = srv.raw("kr", "mallory", false).await;

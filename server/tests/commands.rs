@@ -95,7 +95,7 @@ fn cap(
             Action::new("vote").unwrap(),
         ],
         exp,
-        iat: 0,
+        sat: 0,
         kid: k.kid.clone(),
     };
     Token::new(k.sign_token(CAP_PREFIX, &claims))

@@ -74,7 +74,7 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
         epoch: Some(Epoch(1)),
         actions: vec![action.clone()],
         exp: now + LEASE,
-        iat: now,
+        sat: now,
         kid: keys.kid.clone(),
     };
     let cmd = |key: &str, n: u64, claims: &CapClaims| {
@@ -315,7 +315,8 @@ async fn inbox_entries_and_forgotten_participants_are_pruned() {
 
 /// An item in several offline inboxes is stored once, each participant's row pointing at it (a
 /// copy per row made one 58 KB vote in a room with 300 away a 17 MB transaction); a row of the
-/// code before (its own copy, no pointer) still reads; items age out with their rows.
+/// code before (its own copy, no pointer) still reads; an item goes once it is old and no row
+/// points at it.
 #[tokio::test]
 async fn an_item_in_many_inboxes_is_stored_once() {
     let (_dir, mut store) = temp_store().await;
@@ -368,6 +369,24 @@ async fn an_item_in_many_inboxes_is_stored_once() {
     .await
     .unwrap();
     assert_eq!(store.inbox(&room, &away[0], 0, 10).await.unwrap().len(), 2);
+    // An item past the retention stays while a row within it points at it (the row is written
+    // after its item, and housekeeping reads the clock once per delete).
+    sqlx::query(&format!(
+        "UPDATE inbox_items SET created_at = {} - 3600000",
+        hostlease_server::store::NOW
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.inbox_retention_ms = 60_000;
+    store.housekeeping(10_000).await.unwrap();
+    assert_eq!(count("SELECT COUNT(*) FROM inbox_items").await, 1);
+    for p in &away {
+        assert!(
+            !store.inbox(&room, p, 0, 10).await.unwrap().is_empty(),
+            "{p:?}"
+        );
+    }
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     store.inbox_retention_ms = 10;
     store.housekeeping(10_000).await.unwrap();

@@ -572,7 +572,7 @@ async fn a_forged_command_loads_no_room() {
         epoch: Some(Epoch(1)),
         actions: vec![],
         exp: hostlease_server::tokens::now_ms() + 60_000,
-        iat: 0,
+        sat: 0,
         kid: srv.app.keys.kid.clone(),
     };
     let r = reqwest::Client::new()
