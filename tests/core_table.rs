@@ -1318,6 +1318,38 @@ fn after_a_stall_the_next_hello_waits_longer() {
     assert_eq!(v.poll_timeout(), Some(at(t0 + 5_020)));
 }
 
+/// A wake (`online`, a page shown again) starts the stall count over: a hello awaited for 40 s
+/// gets the first 5 s from the wake, and the count goes on from there.
+#[test]
+fn a_wake_starts_the_stall_count_over() {
+    let mut v = connected("b");
+    let mut t0 = 0;
+    for wait in [5_000, 10_000, 20_000] {
+        while let Some(t) = v.poll_timeout().filter(|t| *t <= at(t0 + wait)) {
+            v.handle_timeout(t);
+        }
+        assert_eq!(drain(&mut v).1, vec![Event::Stalled]);
+        t0 += wait + 1_000;
+        v.handle_disconnected(at(t0));
+        v.handle_connected(at(t0), Token::new("join-token"));
+        drain(&mut v);
+    }
+    assert_eq!(
+        v.poll_timeout(),
+        Some(at(t0 + 20_000)),
+        "the fourth hello waits 40 s"
+    );
+    v.handle_wake(at(t0 + 1_000));
+    drain(&mut v);
+    assert_eq!(v.poll_timeout(), Some(at(t0 + 6_000)));
+    v.handle_timeout(at(t0 + 6_000));
+    assert_eq!(drain(&mut v).1, vec![Event::Stalled]);
+    v.handle_disconnected(at(t0 + 7_000));
+    v.handle_connected(at(t0 + 7_000), Token::new("join-token"));
+    // One stall since the wake: 10 s (it would have been 80 s).
+    assert_eq!(v.poll_timeout(), Some(at(t0 + 17_000)));
+}
+
 /// Two resumes in flight, one welcome back, then another resume: the second welcome answers the
 /// second resume, built before the third was sent, so its lease time stays anchored on the
 /// first resume's send time (the oldest unanswered), never on the third's.

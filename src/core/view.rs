@@ -547,6 +547,12 @@ impl HostView {
     /// is unknown until the next snapshot; a connected view resyncs.
     pub fn handle_wake(&mut self, now: Instant) {
         let now = self.tick(now);
+        // The page or the network changed (`online`, shown again): the connections given up
+        // before say nothing of the next, which waits the first timeout again; a hello awaited
+        // for up to 160 s gets it too (and a resume or a grant awaited, no more than it had).
+        self.stalls = 0;
+        let first = now.add_ms(self.config.command_timeout_ms);
+        self.resync_retry_at = self.resync_retry_at.map(|t| t.min(first));
         if matches!(self.lease, LeaseState::Held { .. } | LeaseState::Expired) {
             self.set_lease(LeaseState::Unknown);
         }
