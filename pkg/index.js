@@ -596,12 +596,16 @@ export class Room {
     // Nothing follows `connection: closed` but command outcomes: not the rest of a step in which
     // a listener closed the room (its close() announced `closed` first), nor a token fetch or a
     // relay check that finishes after it.
-    if (this._ended && type !== "command") return;
+    // (Asked before each listener: the one before may have closed the room.)
     for (const listener of this._listeners.get(type) ?? []) {
+      if (this._ended && type !== "command") return;
       try {
         listener(payload);
       } catch (err) {
-        // A throwing listener never stops delivery to the others, nor breaks the SDK.
+        // A throwing listener never stops delivery to the others, nor breaks the SDK. Its error
+        // goes to the page, as an event listener's does (the console shows it, `onerror` gets
+        // it), and to the `error` listeners (but an `error` listener's, which would loop).
+        globalThis.reportError?.(err);
         if (type !== "error") {
           this._emit("error", new UsageError(ErrorCode.ListenerError, `a "${type}" listener threw`, { cause: err }));
         }

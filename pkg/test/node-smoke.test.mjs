@@ -130,6 +130,38 @@ test("a listener that closes the room sees nothing more of that step after conne
   assert.deepEqual(seen, ["provisional", "connection"]);
 });
 
+test("a listener that closes the room: the listeners after it do not get that event after connection: closed", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const seen = [];
+  room.on("provisional", () => room.close());
+  room.on("provisional", () => seen.push("provisional"));
+  room.on("connection", ({ phase }) => seen.push(phase));
+  room._onEvents(JSON.stringify([{ type: "provisional", coordinator: null }]));
+  assert.deepEqual(seen, ["closed"]);
+});
+
+test("a listener's error reaches the page (reportError) as well as the error listeners; an error listener's too", async () => {
+  const reported = [];
+  globalThis.reportError = (e) => reported.push(e.message);
+  try {
+    const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+    const errors = [];
+    room.on("error", (e) => {
+      errors.push(e.code);
+      throw new Error("error listener bug");
+    });
+    room.on("provisional", () => {
+      throw new Error("listener bug");
+    });
+    room._onEvents(JSON.stringify([{ type: "provisional", coordinator: null }]));
+    assert.deepEqual(errors, ["ListenerError"]);
+    assert.deepEqual(reported, ["listener bug", "error listener bug"]);
+    room.close();
+  } finally {
+    delete globalThis.reportError;
+  }
+});
+
 test("kicked, with an error listener that closes the room: connection: closed is still announced, once", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const ws = NeverOpens.instance;
