@@ -385,7 +385,13 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     run(
         "wasm-opt -Oz (npm binaryen)",
         Command::new(tools::node_bin(root, "wasm-opt"))
-            .args(["-Oz", "--converge", "--strip-debug", "--strip-producers", "--strip-target-features"])
+            .args([
+                "-Oz",
+                "--converge",
+                "--strip-debug",
+                "--strip-producers",
+                "--strip-target-features",
+            ])
             .args(tools::WASM_FEATURES)
             .arg(&wasm)
             .arg("-o")
