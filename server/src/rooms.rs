@@ -86,6 +86,9 @@ pub struct RoomState {
     pub conns: HashMap<SessionId, Outlet>,
     pub next_join: u64,
     pub closed: bool,
+    /// A forced grant's epoch and when the lease it took away runs out: its holder is probed
+    /// (given authority) no sooner, as the old holder may not know yet.
+    pub fence: Option<(Epoch, tokio::time::Instant)>,
     /// Presence changes not yet sent (see [`Room::announce`]).
     presence: PresenceQueue,
 }
@@ -126,6 +129,7 @@ impl Room {
                 seq: Seq::ZERO,
                 members: Vec::new(),
                 lapsed: HashSet::new(),
+                fence: None,
                 conns: HashMap::new(),
                 next_join: 1,
                 closed: false,
@@ -511,8 +515,44 @@ impl App {
         old: Option<&RoomRow>,
         correlation: &str,
     ) -> Result<Option<SignedAssignment>, StoreError> {
+        // A forced grant takes the role from a holder whose lease may still run: its successor is
+        // probed once that has run out (see `Conn::probe`). Fenced before the commit, from the
+        // old row (the successor may hear of its grant before this task goes on), then exactly,
+        // from what the store added to the new lease.
+        let forced = req.holder.is_some() && matches!(req.reason, Reason::Admin | Reason::Kicked);
+        let hub = forced
+            .then(|| {
+                self.rooms
+                    .lock()
+                    .expect("rooms lock")
+                    .get(&req.room)
+                    .cloned()
+            })
+            .flatten();
+        let fence = |epoch: Epoch, ms: u64| {
+            if let Some(hub) = &hub {
+                hub.state.lock().expect("room lock").fence = Some((
+                    epoch,
+                    tokio::time::Instant::now() + Duration::from_millis(ms),
+                ));
+            }
+        };
+        if let Some(old) = old.filter(|o| o.host.is_some()) {
+            fence(
+                req.expected_epoch.next(),
+                old.lease_expires.saturating_sub(old.now),
+            );
+        }
         match self.store.grant(req.clone(), &self.keys).await? {
-            GrantOutcome::Won { assignment, .. } => {
+            GrantOutcome::Won {
+                assignment,
+                lease_expires,
+            } => {
+                let a = &assignment.assignment;
+                fence(
+                    a.epoch,
+                    lease_expires.saturating_sub(a.issued_at.0 + a.lease_ms),
+                );
                 self.committed.notify_one();
                 log_reassign(
                     old.and_then(|r| r.host.as_ref()),

@@ -421,9 +421,15 @@ async fn grant_in_tx(
     } else {
         String::new()
     };
+    // A forced grant (an admin's reassign, a kick) takes the role from a holder whose lease may
+    // still run, and who may not know yet (its connection cut): the new lease is extended by
+    // what is left of the old one, and the new holder is probed, so given authority, only once
+    // that has run out (`Hub::grant` records the fence). The SET expressions read the old row.
+    let fenced = req.holder.is_some() && matches!(req.reason, Reason::Admin | Reason::Kicked);
     let q = format!(
         "UPDATE rooms SET host = ?, session = ?, epoch = epoch + 1, seq = seq + 1, \
-         lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE {NOW} + COALESCE(ttl_ms, ?) END, \
+         lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE {NOW} + COALESCE(ttl_ms, ?) \
+         + CASE WHEN ? AND host IS NOT NULL THEN MAX(0, lease_expires - {NOW}) ELSE 0 END END, \
          lease_ms = COALESCE(ttl_ms, ?), closed = closed OR ? \
          WHERE room = ? AND epoch = ? AND (closed = 0 OR ?){lapsed} \
          RETURNING epoch, seq, lease_expires, lease_ms, {NOW} AS now"
@@ -437,6 +443,7 @@ async fn grant_in_tx(
         .bind(session)
         .bind(host)
         .bind(req.lease_ms as i64)
+        .bind(fenced)
         .bind(req.lease_ms as i64)
         .bind(req.close)
         .bind(req.room.as_str())

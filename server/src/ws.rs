@@ -808,6 +808,17 @@ impl Conn {
             self.next_probe = None;
             return Flow::Continue;
         };
+        // The holder of a forced grant (an admin's reassign, a kick) is probed, so confirmed and
+        // given its host token, only once the lease taken away has run out: the old holder may
+        // not know yet (its connection cut), and acts as host until its own deadline.
+        let fence = match self.room.state.lock().expect("room lock").fence {
+            Some((e, until)) if e == epoch => Some(until),
+            _ => None,
+        };
+        if let Some(until) = fence.filter(|u| *u > Instant::now()) {
+            self.next_probe = Some(until);
+            return Flow::Continue;
+        }
         let nonce = {
             let mut b = [0u8; 8];
             getrandom::fill(&mut b).expect("random source");

@@ -899,3 +899,79 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
     let new = back.participant_token().await;
     assert_eq!(vote(new, "new").await.unwrap().status(), 200);
 }
+
+/// The first probe of `epoch` to `r` (answering none before), and when it came (ms since the
+/// Unix epoch, the store clock's scale).
+async fn first_probe_at(r: &mut Raw, epoch: hostlease::protocol::Epoch) -> u64 {
+    r.until(|m| matches!(m, ServerMsg::LeaseProbe { epoch: e, .. } if *e == epoch).then_some(()))
+        .await;
+    hostlease_server::tokens::now_ms()
+}
+
+/// Answers probes until `r` holds a confirmed lease (a host capability came).
+async fn hold_lease(r: &mut Raw) {
+    loop {
+        match r.until(|m| Some(m.clone())).await {
+            ServerMsg::LeaseProbe { nonce, .. } => {
+                r.send(&hostlease::protocol::ClientMsg::LeaseEcho { nonce })
+                    .await
+            }
+            ServerMsg::Capability {
+                role: hostlease::protocol::Role::Host,
+                ..
+            } => return,
+            _ => {}
+        }
+    }
+}
+
+/// A forced grant (an admin's reassign, a kick) is fenced: the host it replaces may not know yet
+/// (its connection cut) and acts as host until its own deadline, so the successor is probed, and
+/// so confirmed and given its host token, only once the lease taken away has run out on the
+/// server. It was probed at once: two tabs held `amHost` for up to a TTL.
+#[tokio::test]
+async fn a_forced_grant_waits_out_the_lease_it_takes_away() {
+    let srv = start(hostlease_server::Config {
+        lease_ms: 3000,
+        ..test_config()
+    })
+    .await;
+    let room = RoomId::new("fence").unwrap();
+    let mut a = srv.raw("fence", "alice", true).await;
+    hold_lease(&mut a).await;
+    let mut b = srv.raw("fence", "bob", true).await;
+    b.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    let http = reqwest::Client::new();
+    let admin = |action: &'static str, body: serde_json::Value| {
+        http.post(format!("http://{}/v1/admin/rooms/fence/{action}", srv.addr))
+            .bearer_auth("admin-secret")
+            .json(&body)
+            .send()
+    };
+    // Alice renewed within the last second (probes come every TTL/3): her lease has 2 s or more.
+    let before = srv.app.store.room(&room).await.unwrap().unwrap();
+    let r = admin("reassign", serde_json::json!({"to": "bob"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let probed = first_probe_at(&mut b, before.epoch.next()).await;
+    assert!(
+        probed + 20 >= before.lease_expires,
+        "bob probed {} ms before alice's lease ran out",
+        before.lease_expires - probed
+    );
+    hold_lease(&mut b).await;
+    // A kick of the host is fenced the same way; the successor is alice again.
+    let before = srv.app.store.room(&room).await.unwrap().unwrap();
+    let r = admin("kick", serde_json::json!({"participant": "bob"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let probed = first_probe_at(&mut a, before.epoch.next()).await;
+    assert!(
+        probed + 20 >= before.lease_expires,
+        "alice probed {} ms before bob's lease ran out",
+        before.lease_expires - probed
+    );
+}
