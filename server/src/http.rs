@@ -73,9 +73,10 @@ impl Limiter {
 /// Client addresses the limiter keeps a bucket for at most.
 const MAX_BUCKETS: usize = 100_000;
 
-/// The bucket a client address counts against (and its open WebSockets): an IPv6 client by its /64 (one subscriber's
-/// network: a client that rotates its interface identifier, as privacy addresses do and as an
-/// abuser can at will, stays one client), an IPv4-mapped one as the IPv4 address it is.
+/// The bucket a client address counts against (and its open WebSockets): an IPv6 client by its
+/// /64 (one subscriber's network: a client that rotates its interface identifier, as privacy
+/// addresses do and as an abuser can at will, stays one client), an IPv4-mapped one as the
+/// IPv4 address it is.
 pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,

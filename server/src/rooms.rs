@@ -519,8 +519,8 @@ impl App {
         // probed once that has run out (see `Conn::probe`). Fenced before the commit, from the
         // old row (the successor may hear of its grant before this task goes on), then exactly,
         // from what the store added to the new lease.
-        let forced = req.holder.is_some() && matches!(req.reason, Reason::Admin | Reason::Kicked);
-        let hub = forced
+        let hub = req
+            .forced()
             .then(|| {
                 self.rooms
                     .lock()

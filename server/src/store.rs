@@ -112,6 +112,15 @@ pub struct GrantReq {
     pub close: bool,
 }
 
+impl GrantReq {
+    /// An admin's reassign or a kick: it takes the role from a holder whose lease may still run
+    /// and who may not know yet, so the new holder is fenced until that lease has run out (the
+    /// store extends the new lease by as much; the hub holds off its first probe).
+    pub fn forced(&self) -> bool {
+        self.holder.is_some() && matches!(self.reason, Reason::Admin | Reason::Kicked)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum GrantOutcome {
     Won {
@@ -421,11 +430,8 @@ async fn grant_in_tx(
     } else {
         String::new()
     };
-    // A forced grant (an admin's reassign, a kick) takes the role from a holder whose lease may
-    // still run, and who may not know yet (its connection cut): the new lease is extended by
-    // what is left of the old one, and the new holder is probed, so given authority, only once
-    // that has run out (`Hub::grant` records the fence). The SET expressions read the old row.
-    let fenced = req.holder.is_some() && matches!(req.reason, Reason::Admin | Reason::Kicked);
+    // A forced grant's new lease is extended by what is left of the old one (`App::grant`
+    // records the fence the new holder's first probe waits for). SET expressions read the old row.
     let q = format!(
         "UPDATE rooms SET host = ?, session = ?, epoch = epoch + 1, seq = seq + 1, \
          lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE {NOW} + COALESCE(ttl_ms, ?) \
@@ -443,7 +449,7 @@ async fn grant_in_tx(
         .bind(session)
         .bind(host)
         .bind(req.lease_ms as i64)
-        .bind(fenced)
+        .bind(req.forced())
         .bind(req.lease_ms as i64)
         .bind(req.close)
         .bind(req.room.as_str())

@@ -254,8 +254,20 @@ fn random_session() -> SessionId {
     SessionId::new(format!("s-{s}")).expect("valid session id")
 }
 
-/// Decrements the connection counts when the session ends, however it ends.
+/// Counts an open socket, in all and for its client's address, until it is dropped (however
+/// the session ends).
 struct ConnGuard(Arc<App>, IpAddr);
+impl ConnGuard {
+    /// The guard, and the open sockets in all and from `address`, this one included.
+    fn new(app: &Arc<App>, address: IpAddr) -> (Self, usize, usize) {
+        let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut by_address = app.sockets_by_address.lock().expect("address lock");
+        let n = by_address.entry(address).or_insert(0);
+        *n += 1;
+        let from_address = *n;
+        (Self(app.clone(), address), count, from_address)
+    }
+}
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.0.connections.fetch_sub(1, Ordering::Relaxed);
@@ -272,14 +284,7 @@ impl Drop for ConnGuard {
 /// `address`: the client's, as the HTTP limiter keys it.
 pub async fn run(app: Arc<App>, room_id: RoomId, address: IpAddr, socket: WebSocket) {
     // Counted until the socket is dropped, drain included, so the caps bound open sockets.
-    let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
-    let from_address = {
-        let mut by_address = app.sockets_by_address.lock().expect("address lock");
-        let n = by_address.entry(address).or_insert(0);
-        *n += 1;
-        *n
-    };
-    let _guard = ConnGuard(app.clone(), address);
+    let (_guard, count, from_address) = ConnGuard::new(&app, address);
     let (sink, mut stream) = socket.split();
     let mut sink = Sink {
         inner: sink,
