@@ -553,11 +553,9 @@ async fn admin_kick(
         Ok(h) => h,
         Err(e) => return e,
     };
-    // Recorded first: the other processes on the database kick the sessions they hold.
-    if app.store.record_kick(&hub.id, &p).await.is_err() {
+    let Ok(kicked) = app.kick(hub.hub(), &p).await else {
         return (StatusCode::SERVICE_UNAVAILABLE, "could not kick").into_response();
-    }
-    let kicked = app.kick_here(hub.hub(), &p, &correlation_id()).await;
+    };
     drop(hub);
     (
         StatusCode::OK,

@@ -15,7 +15,7 @@ use hostlease::protocol::{
 };
 use tokio::sync::{broadcast, mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::store::{GrantOutcome, GrantReq, RoomRow, Store, StoreError};
+use crate::store::{GrantOutcome, GrantReq, RoomRow, Store, StoreError, StoreResult};
 use crate::tokens::{Keypair, Verifier};
 use crate::Config;
 
@@ -364,6 +364,11 @@ pub struct App {
     pub dev_app_key: Option<Keypair>,
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     pub http_limiter: crate::http::Limiter,
+    /// Held from recording a kick until this process has kicked its own sessions, and by the
+    /// sweeper while it reads the kicks recorded: the sweeper sees a kick made here only once it
+    /// is applied, so the kick's answer counts the sessions it closed (the sweeper, on a 20 ms
+    /// tick, had closed them first and the answer said 0).
+    kicking: tokio::sync::Mutex<()>,
 }
 
 impl App {
@@ -390,6 +395,7 @@ impl App {
             dev_app_key,
             metrics: crate::http::metrics_handle(),
             http_limiter,
+            kicking: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -674,6 +680,15 @@ impl App {
         self.direct(hub, |_| true, || Direct::Close(frame.clone()));
     }
 
+    /// Kicks `p` from the room: recorded first (the other processes on the database kick the
+    /// sessions they hold, and its capabilities are refused from now on), then applied here.
+    /// Returns how many sessions were kicked here.
+    pub async fn kick(&self, hub: &Arc<Room>, p: &ParticipantId) -> StoreResult<usize> {
+        let _applying = self.kicking.lock().await;
+        self.store.record_kick(&hub.id, p).await?;
+        Ok(self.kick_here(hub, p, &correlation_id()).await)
+    }
+
     /// Kicks `p` from the room in this process: its sessions leave the membership (so the next
     /// election skips them) and are told `kicked` and closed, under one lock (a session joining
     /// meanwhile is either kicked too or not at all); then a kicked host is replaced at once.
@@ -882,7 +897,11 @@ async fn sweeper(app: Arc<App>, mut last_kick: i64) {
             .collect();
         // Kicks made through any process (this one's own have already been applied here, and
         // find no session again).
-        match app.store.kicks_after(last_kick, 1000).await {
+        let kicks = {
+            let _applied = app.kicking.lock().await;
+            app.store.kicks_after(last_kick, 1000).await
+        };
+        match kicks {
             Ok(kicks) => {
                 for (id, room, p) in kicks {
                     last_kick = id;

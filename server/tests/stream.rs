@@ -1080,19 +1080,27 @@ async fn leaving_refreshes_a_members_last_sighting() {
     assert!(seen(db.clone()).await.unwrap() > old + 24 * 3600 * 1000);
 }
 
-/// The SQLite store, slowed where a test needs it: the outbox's newest id answers `start` late
-/// (as a reader pool busy with a reconnect storm does at start-up), and with `held`, no command
-/// is answered until it reads `true` (a stalled writer).
+/// The SQLite store, slowed where a test needs it.
 struct Slowed {
     store: hostlease_server::store::SqliteStore,
+    slow: Slow,
+}
+
+#[derive(Default)]
+struct Slow {
+    /// The outbox's newest id is answered this late (as a reader pool busy with a reconnect
+    /// storm does at start-up).
     start: Duration,
+    /// No command is answered until this reads `true` (a stalled writer).
     held: Option<tokio::sync::watch::Receiver<bool>>,
+    /// A recorded kick is answered this late (it is committed, and visible, at once).
+    kick: Duration,
 }
 
 #[async_trait::async_trait]
 impl hostlease_server::store::Store for Slowed {
     async fn outbox_max_id(&self) -> StoreResult<i64> {
-        tokio::time::sleep(self.start).await;
+        tokio::time::sleep(self.slow.start).await;
         self.store.outbox_max_id().await
     }
     async fn now_ms(&self) -> StoreResult<u64> {
@@ -1122,7 +1130,7 @@ impl hostlease_server::store::Store for Slowed {
     }
     fn command(&self, q: CommandReq, s: &Keypair) -> Pending<CommandDone> {
         let done = self.store.command(q, s);
-        let Some(mut held) = self.held.clone() else {
+        let Some(mut held) = self.slow.held.clone() else {
             return done;
         };
         Box::pin(async move {
@@ -1174,7 +1182,9 @@ impl hostlease_server::store::Store for Slowed {
         self.store.lapsed_rooms(r).await
     }
     async fn record_kick(&self, r: &RoomId, p: &ParticipantId) -> StoreResult<i64> {
-        self.store.record_kick(r, p).await
+        let id = self.store.record_kick(r, p).await;
+        tokio::time::sleep(self.slow.kick).await;
+        id
     }
     async fn kicks_after(&self, a: i64, l: i64) -> StoreResult<Vec<(i64, RoomId, ParticipantId)>> {
         self.store.kicks_after(a, l).await
@@ -1191,8 +1201,7 @@ impl hostlease_server::store::Store for Slowed {
 async fn serve_slowed(
     dir: &tempfile::TempDir,
     cfg: hostlease_server::Config,
-    start: Duration,
-    held: Option<tokio::sync::watch::Receiver<bool>>,
+    slow: Slow,
 ) -> (
     std::sync::Arc<hostlease_server::App>,
     std::net::SocketAddr,
@@ -1201,8 +1210,7 @@ async fn serve_slowed(
     let db = format!("sqlite://{}", dir.path().join("h.db").display());
     let store = Slowed {
         store: SqliteStore::open(&db).await.unwrap(),
-        start,
-        held,
+        slow,
     };
     let app_key = Keypair::generate("app-1");
     let join = hostlease_server::tokens::Verifier::from_keys(&[app_key.public()]).unwrap();
@@ -1231,7 +1239,15 @@ async fn a_client_the_server_stopped_reading_is_not_given_up() {
         ..test_config()
     };
     let (open, held) = tokio::sync::watch::channel(false);
-    let (_app, addr, app_key) = serve_slowed(&dir, cfg, Duration::ZERO, Some(held)).await;
+    let (_app, addr, app_key) = serve_slowed(
+        &dir,
+        cfg,
+        Slow {
+            held: Some(held),
+            ..Slow::default()
+        },
+    )
+    .await;
     let mut a = Raw::join(
         addr,
         "busy",
@@ -1271,7 +1287,15 @@ async fn what_commits_while_the_server_starts_is_published() {
         sweep_ms: 20,
         ..hostlease_server::Config::default()
     };
-    let (app, addr, app_key) = serve_slowed(&dir, cfg, Duration::from_millis(1500), None).await;
+    let (app, addr, app_key) = serve_slowed(
+        &dir,
+        cfg,
+        Slow {
+            start: Duration::from_millis(1500),
+            ..Slow::default()
+        },
+    )
+    .await;
     let mut alice = Raw::join(
         addr,
         "start",
@@ -1291,6 +1315,46 @@ async fn what_commits_while_the_server_starts_is_published() {
     assert_eq!(got.host.as_ref().map(|h| h.as_str()), Some("alice"));
     let row = app.store.room(&got.room).await.unwrap().unwrap();
     assert_eq!(row.epoch, got.epoch);
+}
+
+/// A kick's answer counts the sessions it closed, however long its record takes to answer: the
+/// sweeper (which applies the kicks made through every process) read the committed kick first,
+/// closed the session itself, and the answer said `{"kicked": 0}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kick_counts_the_sessions_it_closed_however_slow_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = hostlease_server::Config {
+        sweep_ms: 20,
+        ..test_config()
+    };
+    let (_app, addr, app_key) = serve_slowed(
+        &dir,
+        cfg,
+        Slow {
+            kick: Duration::from_millis(300),
+            ..Slow::default()
+        },
+    )
+    .await;
+    let mut a = Raw::join(
+        addr,
+        "kk",
+        &join_token(&app_key, "kk", "alice", false),
+        None,
+    )
+    .await;
+    let _ = ptoken(&mut a).await;
+    let r = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/admin/rooms/kk/kick"))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"participant": "alice"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let kicked: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(kicked, serde_json::json!({"kicked": 1}));
+    assert_eq!(a.until_closed().await, Some(ErrorCode::Kicked));
 }
 
 /// One client address holds at most `max_sockets_per_address` open WebSockets, whoever they
