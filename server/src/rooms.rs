@@ -364,11 +364,12 @@ pub struct App {
     pub dev_app_key: Option<Keypair>,
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     pub http_limiter: crate::http::Limiter,
-    /// Held from recording a kick until this process has kicked its own sessions, and by the
-    /// sweeper while it reads the kicks recorded: the sweeper sees a kick made here only once it
-    /// is applied, so the kick's answer counts the sessions it closed (the sweeper, on a 20 ms
-    /// tick, had closed them first and the answer said 0).
-    kicking: tokio::sync::Mutex<()>,
+    /// The kicks made through this process that the sweeper has not read yet. Held from
+    /// recording a kick until its sessions here are closed, and by the sweeper while it reads the
+    /// kicks recorded: the sweeper sees a kick made here only once it is applied, so the kick's
+    /// answer counts the sessions it closed (the sweeper, on a 20 ms tick, had closed them first
+    /// and the answer said 0), and skips it (it would close a session joined since).
+    kicking: tokio::sync::Mutex<HashSet<i64>>,
 }
 
 impl App {
@@ -395,7 +396,7 @@ impl App {
             dev_app_key,
             metrics: crate::http::metrics_handle(),
             http_limiter,
-            kicking: tokio::sync::Mutex::new(()),
+            kicking: tokio::sync::Mutex::new(HashSet::new()),
         })
     }
 
@@ -559,12 +560,13 @@ impl App {
                     a.epoch,
                     lease_expires.saturating_sub(a.issued_at.0 + a.lease_ms),
                 );
-                self.committed.notify_one();
+                // Logged before it is published: its line comes before any client hears of it.
                 log_reassign(
                     old.and_then(|r| r.host.as_ref()),
                     &assignment.assignment,
                     correlation,
                 );
+                self.committed.notify_one();
                 Ok(Some(assignment))
             }
             GrantOutcome::Lost(_) => {
@@ -684,39 +686,52 @@ impl App {
     /// sessions they hold, and its capabilities are refused from now on), then applied here.
     /// Returns how many sessions were kicked here.
     pub async fn kick(&self, hub: &Arc<Room>, p: &ParticipantId) -> StoreResult<usize> {
-        let _applying = self.kicking.lock().await;
-        self.store.record_kick(&hub.id, p).await?;
-        Ok(self.kick_here(hub, p, &correlation_id()).await)
+        let sessions = {
+            let mut own = self.kicking.lock().await;
+            let id = self.store.record_kick(&hub.id, p).await?;
+            own.insert(id);
+            Self::remove_kicked(hub, p)
+        };
+        self.replace_kicked(hub, &sessions, &correlation_id()).await;
+        Ok(sessions.len())
     }
 
-    /// Kicks `p` from the room in this process: its sessions leave the membership (so the next
-    /// election skips them) and are told `kicked` and closed, under one lock (a session joining
-    /// meanwhile is either kicked too or not at all); then a kicked host is replaced at once.
-    /// Returns how many sessions were kicked here.
+    /// Kicks `p` from the room in this process (a kick made through another one). Returns how
+    /// many sessions were kicked here.
     pub async fn kick_here(&self, hub: &Arc<Room>, p: &ParticipantId, correlation: &str) -> usize {
+        let sessions = Self::remove_kicked(hub, p);
+        self.replace_kicked(hub, &sessions, correlation).await;
+        sessions.len()
+    }
+
+    /// `p`'s sessions leave the membership (so the next election skips them) and are told
+    /// `kicked` and closed, under one lock (a session joining meanwhile is either kicked too or
+    /// not at all).
+    fn remove_kicked(hub: &Room, p: &ParticipantId) -> Vec<SessionId> {
         let frame = encode_server(&ServerMsg::Error {
             code: ErrorCode::Kicked,
             message: "kicked by the app".into(),
         });
-        let sessions: Vec<SessionId> = {
-            let mut st = hub.state.lock().expect("room lock");
-            let (out, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut st.members)
-                .into_iter()
-                .partition(|m| &m.id == p);
-            st.members = stay;
-            for m in &out {
-                if let Some(tx) = st.conns.get(&m.session) {
-                    deliver(tx, Direct::Close(frame.clone()));
-                }
+        let mut st = hub.state.lock().expect("room lock");
+        let (out, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut st.members)
+            .into_iter()
+            .partition(|m| &m.id == p);
+        st.members = stay;
+        for m in &out {
+            if let Some(tx) = st.conns.get(&m.session) {
+                deliver(tx, Direct::Close(frame.clone()));
             }
-            out.into_iter().map(|m| m.session).collect()
-        };
-        for s in &sessions {
+        }
+        out.into_iter().map(|m| m.session).collect()
+    }
+
+    /// A kicked host is replaced at once.
+    async fn replace_kicked(&self, hub: &Arc<Room>, sessions: &[SessionId], correlation: &str) {
+        for s in sessions {
             if let Err(e) = self.replace_host(hub, s, Reason::Kicked, correlation).await {
                 tracing::warn!(error = %e, "replace host after a kick failed");
             }
         }
-        sessions.len()
     }
 
     /// Sends `msg` to every session of the room (or those matching `filter`).
@@ -895,16 +910,22 @@ async fn sweeper(app: Arc<App>, mut last_kick: i64) {
             .filter(|h| !h.state.lock().expect("room lock").closed)
             .map(|h| h.id.clone())
             .collect();
-        // Kicks made through any process (this one's own have already been applied here, and
-        // find no session again).
+        // Kicks made through the other processes (this one's own are applied already).
         let kicks = {
-            let _applied = app.kicking.lock().await;
-            app.store.kicks_after(last_kick, 1000).await
+            let mut own = app.kicking.lock().await;
+            app.store.kicks_after(last_kick, 1000).await.map(|kicks| {
+                if let Some((id, ..)) = kicks.last() {
+                    last_kick = *id;
+                }
+                kicks
+                    .into_iter()
+                    .filter(|(id, ..)| !own.remove(id))
+                    .collect::<Vec<_>>()
+            })
         };
         match kicks {
             Ok(kicks) => {
-                for (id, room, p) in kicks {
-                    last_kick = id;
+                for (_, room, p) in kicks {
                     let hub = app.rooms.lock().expect("rooms lock").get(&room).cloned();
                     if let Some(hub) = hub {
                         let app = app.clone();
