@@ -1229,13 +1229,13 @@ pub fn command(
                         metrics::counter!("hostlease_epoch_ahead_claims_total").increment(1);
                     }
                 }
+                if let Some(a) = &done.assignment {
+                    crate::rooms::log_reassign(old_host.as_ref(), &a.assignment, &correlation_id());
+                }
                 if matches!(done.outcome, Outcome::Accepted { .. }) {
                     // Something new in the outbox; or, for a replay, something the first
                     // attempt's connection may have dropped before it said so.
                     app.committed.notify_one();
-                }
-                if let Some(a) = &done.assignment {
-                    crate::rooms::log_reassign(old_host.as_ref(), &a.assignment, &correlation_id());
                 }
                 let result = match &done.outcome {
                     Outcome::Accepted { .. } => "accepted",

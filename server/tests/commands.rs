@@ -111,8 +111,9 @@ fn rejected(o: &Outcome) -> (RejectCode, bool) {
 #[tokio::test]
 async fn rejection_matrix_changes_no_state() {
     // A long sweep interval: a lapsed lease stays recorded, so the expired-lease check is reached.
+    // Alice echoes no probe here: her lease (and host token) must outlast the matrix by far.
     let cfg = hostlease_server::Config {
-        lease_ms: 1500,
+        lease_ms: 6000,
         sweep_ms: 60_000,
         ..test_config()
     };
@@ -485,7 +486,12 @@ async fn a_transfer_retried_after_its_target_left_replays_its_outcome() {
 
 #[tokio::test]
 async fn a_burst_of_commands_on_one_socket_is_answered_in_order() {
-    let srv = start(test_config()).await;
+    // Alice echoes no probe here: her lease must outlast 40 commits on a loaded machine.
+    let srv = start(hostlease_server::Config {
+        lease_ms: 6000,
+        ..test_config()
+    })
+    .await;
     let mut a = srv.raw("burst", "alice", true).await;
     let g = wait_host(&mut a).await;
     // Sent back to back without waiting: the server reads on while earlier ones commit. One in

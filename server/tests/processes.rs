@@ -27,6 +27,14 @@ async fn read_log(db: &str, room: &str) -> Vec<Item> {
         .collect()
 }
 
+async fn committed_assignments(db: &str, room: &str) -> usize {
+    read_log(db, room)
+        .await
+        .iter()
+        .filter(|i| matches!(i, Item::Assignment(_)))
+        .count()
+}
+
 /// A member that answers probes; after each host grant it either leaves explicitly or goes
 /// silent until the lease lapses, then reconnects to the other process. Stops by itself.
 async fn churner(
@@ -117,6 +125,26 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
             }
         }
     }
+    // Every committed reassignment has its log line before the processes are killed: a grant
+    // published by one process can reach its client before the other, which committed it, has
+    // written the line.
+    let count_lines = || {
+        ["p1.log", "p2.log"]
+            .iter()
+            .map(|name| {
+                std::fs::read_to_string(dir.path().join(name))
+                    .unwrap()
+                    .matches("host reassigned")
+                    .count()
+            })
+            .sum::<usize>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while count_lines() < committed_assignments(&db, "race").await
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     drop(p1);
     drop(p2);
     let items = read_log(&db, "race").await;
@@ -153,10 +181,8 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
         );
     }
     // No token in either process's log.
-    let mut reassign_lines = 0;
     for name in ["p1.log", "p2.log"] {
         let log = std::fs::read_to_string(dir.path().join(name)).unwrap();
-        reassign_lines += log.matches("host reassigned").count();
         for t in &tokens {
             assert!(!log.contains(t.as_str()), "a token leaked into {name}");
         }
@@ -166,7 +192,7 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
         );
     }
     // One structured line per committed reassignment, whichever process committed it.
-    assert_eq!(reassign_lines, assignments.len());
+    assert_eq!(count_lines(), assignments.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -616,8 +616,10 @@ async fn a_probe_nonce_is_confirmed_once() {
     for _ in 0..3 {
         a.send(&ClientMsg::LeaseEcho { nonce }).await;
     }
-    // Well within the next probe (ttl/3 = 2 s), which would carry another nonce anyway.
-    let mut confirms = 0;
+    a.until(|m| matches!(m, ServerMsg::LeaseConfirm { nonce: n, .. } if *n == nonce).then_some(()))
+        .await;
+    // No second one in the next second (well within the next probe, ttl/3 = 2 s, which would
+    // carry another nonce anyway).
     let deadline = tokio::time::Instant::now() + Duration::from_millis(1000);
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -625,12 +627,13 @@ async fn a_probe_nonce_is_confirmed_once() {
             break;
         }
         match a.next(left).await {
-            Some(ServerMsg::LeaseConfirm { nonce: n, .. }) if n == nonce => confirms += 1,
+            Some(ServerMsg::LeaseConfirm { nonce: n, .. }) => {
+                assert_ne!(n, nonce, "one confirmation (one renewal) per probe")
+            }
             Some(_) => {}
             None => break,
         }
     }
-    assert_eq!(confirms, 1, "one confirmation (one renewal) per probe");
 }
 
 /// A resume gets a fresh participant token after its welcome, as a hello does: the SDK resumes
@@ -658,7 +661,13 @@ fn probe(m: &ServerMsg) -> Option<u64> {
 /// as the client keeps its last few echoes); an older probe's echo after a newer one's does not.
 #[tokio::test]
 async fn an_echo_slower_than_the_probe_interval_still_renews() {
-    let srv = start(test_config()).await; // a probe every 500 ms
+    // A probe every second: the newer probe's echo comes a second before the lease the first
+    // echo renewed runs out (with 1.5 s leases, 500 ms: a loaded machine's stall away).
+    let srv = start(hostlease_server::Config {
+        lease_ms: 3000,
+        ..test_config()
+    })
+    .await;
     let mut a = srv.raw("slow", "alice", true).await;
     let confirmed = |want: u64| {
         move |m: &ServerMsg| match m {
