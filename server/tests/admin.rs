@@ -76,16 +76,7 @@ async fn admin_reassign_kick_and_close() {
     assert_eq!(c.view.epoch(), Some(Epoch(2)));
 
     // Kicking the host replaces it at once.
-    let r = http
-        .post(format!("{base}/kick"))
-        .bearer_auth("admin-secret")
-        .json(&serde_json::json!({"participant": "carol"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let kicked: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(kicked, serde_json::json!({"kicked": 1}));
+    assert_eq!(kick(srv.addr, "adm", "carol").await, 1);
     let mut all = [&mut a, &mut b, &mut c];
     // The kicked client's view closes (it must not join again).
     pump_all("carol kicked, alice host", &mut all, |x| {
@@ -857,14 +848,7 @@ async fn a_kick_is_applied_once() {
     .await;
     let mut m = srv.raw("ko", "mallory", false).await;
     let _ = m.participant_token().await;
-    let r = reqwest::Client::new()
-        .post(format!("http://{}/v1/admin/rooms/ko/kick", srv.addr))
-        .bearer_auth("admin-secret")
-        .json(&serde_json::json!({"participant": "mallory"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(kick(srv.addr, "ko", "mallory").await, 1);
     assert_eq!(m.until_closed().await, Some(ErrorCode::Kicked));
     let mut back = srv.raw("ko", "mallory", false).await;
     let _ = back.participant_token().await;
@@ -919,14 +903,7 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
             .send()
     };
     assert_eq!(vote(old.clone(), "before").await.unwrap().status(), 200);
-    let r = http
-        .post(format!("http://{}/v1/admin/rooms/kr/kick", srv.addr))
-        .bearer_auth("admin-secret")
-        .json(&serde_json::json!({"participant": "mallory"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(kick(srv.addr, "kr", "mallory").await, 1);
     assert_eq!(m.until_closed().await, Some(ErrorCode::Kicked));
     let r = vote(old.clone(), "after").await.unwrap();
     assert_eq!(r.status(), 403);

@@ -322,19 +322,8 @@ async fn a_kick_through_one_process_reaches_the_other() {
     other
         .until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
         .await;
-    let r = reqwest::Client::new()
-        .post(format!("http://{}/v1/admin/rooms/kk/kick", p1.addr))
-        .bearer_auth("admin-secret")
-        .json(&serde_json::json!({"participant": "alice"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
     // None of alice's sessions is held by p1; p2 kicks them on its next sweep.
-    assert_eq!(
-        r.json::<serde_json::Value>().await.unwrap(),
-        serde_json::json!({"kicked": 0})
-    );
+    assert_eq!(kick(p1.addr, "kk", "alice").await, 0);
     assert_eq!(host.until_closed().await, Some(ErrorCode::Kicked));
     let a = other
         .until(|m| match m {

@@ -1353,16 +1353,7 @@ async fn a_kick_counts_the_sessions_it_closed_however_slow_its_record() {
     )
     .await;
     let _ = ptoken(&mut a).await;
-    let r = reqwest::Client::new()
-        .post(format!("http://{addr}/v1/admin/rooms/kk/kick"))
-        .bearer_auth("admin-secret")
-        .json(&serde_json::json!({"participant": "alice"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let kicked: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(kicked, serde_json::json!({"kicked": 1}));
+    assert_eq!(kick(addr, "kk", "alice").await, 1);
     assert_eq!(a.until_closed().await, Some(ErrorCode::Kicked));
 }
 

@@ -344,6 +344,21 @@ impl Sdk {
     }
 }
 
+/// Kicks `p` from `room` through the admin API of the server at `addr`: how many sessions that
+/// server closed (the `kicked` of its answer).
+pub async fn kick(addr: SocketAddr, room: &str, p: &str) -> u64 {
+    let r = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/admin/rooms/{room}/kick"))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({ "participant": p }))
+        .send()
+        .await
+        .expect("the kick is answered");
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.expect("a JSON answer");
+    body["kicked"].as_u64().expect("a count of kicked sessions")
+}
+
 /// Drives several SDK clients together until `cond` holds over all of them.
 pub async fn pump_all(
     what: &str,
