@@ -125,9 +125,11 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
             }
         }
     }
-    // Every committed reassignment has its log line before the processes are killed: a grant
-    // published by one process can reach its client before the other, which committed it, has
-    // written the line.
+    // Every committed reassignment has its log line before the processes are killed, and none
+    // is being made: a grant published by one process can reach its client before the other,
+    // which committed it, has written the line; and a lease lapsed just as its churner ended
+    // is granted again (to its session, until the server sees it closed), so a kill could come
+    // between a commit and its line. Both counts must agree and hold still for 2 s (5 leases).
     let count_lines = || {
         ["p1.log", "p2.log"]
             .iter()
@@ -139,10 +141,20 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
             })
             .sum::<usize>()
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while count_lines() < committed_assignments(&db, "race").await
-        && tokio::time::Instant::now() < deadline
-    {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut still: Option<(usize, tokio::time::Instant)> = None;
+    while tokio::time::Instant::now() < deadline {
+        let committed = committed_assignments(&db, "race").await;
+        let now = tokio::time::Instant::now();
+        if count_lines() != committed {
+            still = None;
+        } else if let Some((_, since)) = still.filter(|(n, _)| *n == committed) {
+            if now - since >= Duration::from_secs(2) {
+                break;
+            }
+        } else {
+            still = Some((committed, now));
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(p1);
