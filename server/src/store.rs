@@ -533,9 +533,21 @@ async fn command_in_tx(
     if c.room != req.room || c.sub != req.sender {
         return Ok((reject(RejectCode::BadCapability), false));
     }
+    // A host token (genuine, for this room and sender) of an epoch the room has left is stale
+    // before anything else is wrong with it: the old host, reconnected as another session after
+    // a failover, holds one past its expiry, and `stale_epoch` (with the current assignment)
+    // tells its SDK to reload, where `bad_capability` told it nothing.
+    let stale_host_token = req.kind == ActionKind::Host
+        && c.role == Role::Host
+        && matches!((c.epoch, &row), (Some(e), Some(r)) if e < r.epoch);
+    let refused_token = if stale_host_token {
+        RejectCode::StaleEpoch
+    } else {
+        RejectCode::BadCapability
+    };
     if let Some(s) = &req.sender_session {
         if s != &c.sid {
-            return Ok((reject(RejectCode::BadCapability), false));
+            return Ok((reject(refused_token), false));
         }
     }
     // Idempotency: scoped to (room, sub), shared by both transports.
@@ -574,7 +586,7 @@ async fn command_in_tx(
         ));
     };
     if c.exp <= now {
-        return Ok((reject(RejectCode::BadCapability), false));
+        return Ok((reject(refused_token), false));
     }
     // A kick revokes every capability of the participant's sessions begun before it: they are
     // closed, but a participant capability kept working over HTTP until it expired. (A command

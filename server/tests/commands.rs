@@ -317,6 +317,39 @@ async fn stale_host_token_after_resign_is_refused() {
         assert_eq!(c.assignment.epoch, gb.epoch);
         assert_eq!(c.assignment.host.as_ref().unwrap().as_str(), "bob");
     }
+    // The old host reconnected (another session) after its token expired, as after a failover:
+    // still stale first, with the current assignment (its SDK reloads on that code only).
+    let mut again = srv.raw("st", "alice", true).await;
+    let _ = again.participant_token().await;
+    let expired = cap(
+        &srv.app.keys,
+        "st",
+        "alice",
+        &g.session,
+        Some(g.epoch),
+        hostlease_server::tokens::now_ms() - 1,
+    );
+    for (name, token) in [
+        ("other-session", &g.host),
+        ("other-session-expired", &expired),
+    ] {
+        let o = cmd(&mut again, name, "poll.open", Some(g.epoch), token).await;
+        let Outcome::Rejected {
+            code,
+            current: Some(c),
+            ..
+        } = &o
+        else {
+            panic!("{name}: {o:?}")
+        };
+        assert_eq!(
+            (*code, c.assignment.epoch),
+            (RejectCode::StaleEpoch, gb.epoch),
+            "{name}"
+        );
+    }
+    // (A token of the current epoch, expired or from another session, is still refused
+    // `bad_capability`: `rejection_matrix_changes_no_state`.)
     let after = srv.app.store.room(&room).await.unwrap().unwrap();
     assert_eq!((after.seq, after.epoch), (before.seq, before.epoch));
 }

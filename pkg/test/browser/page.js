@@ -19,9 +19,12 @@ function peerConnection(peerId, initiator) {
   const pc = new RTCPeerConnection({ iceServers: [] });
   peers.set(peerId, pc);
   pc.onicecandidate = (e) => e.candidate && room.signal(peerId, { candidate: e.candidate.toJSON() });
+  // Recorded when the SDK has taken the channel as open (its own listener, added after this
+  // one, runs in the same dispatch); a channel handed over open fires no `open`.
   const attach = (channel) => {
     channel.addEventListener("open", () => record("peer_open", { peer: peerId }));
     room.attachPeer(peerId, channel);
+    if (channel.readyState === "open") record("peer_open", { peer: peerId });
   };
   if (initiator) {
     attach(pc.createDataChannel("hostlease"));
@@ -79,6 +82,11 @@ window.T = {
         const f = JSON.parse(m.data);
         if (f.role === "host") lastHostCap = f;
       }
+      // The server's answer to a `staleHostCommand`, which the SDK does not know.
+      if (typeof m.data === "string" && m.data.includes('"t":"command_result"') && m.data.includes('"id":"raw-')) {
+        const { outcome, code } = JSON.parse(m.data);
+        record("raw_result", { outcome, code });
+      }
       onMessage(m);
     };
     for (const t of ["host", "provisional", "members", "event", "discontinuity", "connection", "lease", "command", "relay", "error"]) {
@@ -132,7 +140,8 @@ window.T = {
     return decoded;
   },
   addThrowingListener: (type) => room.on(type, () => { throw new Error("listener bug"); }),
-  openPeers: () => [...peers.entries()].filter(([, pc]) => pc.connectionState === "connected").map(([id]) => id),
+  // The peers whose data channel the SDK has taken as open (reachable, for the provisional view).
+  openPeers: () => [...new Set(log.filter((e) => e.type === "peer_open").map((e) => e.payload.peer))],
   close: () => room.close(),
   // A room in a dedicated module worker instead (`options`: connect's), and its view and log.
   async startWorker(options) {
