@@ -212,7 +212,8 @@ async fn kill_9_and_restart_keeps_epochs_and_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let key = app_key_file(dir.path());
     let db = format!("sqlite://{}", dir.path().join("crash.db").display());
-    let mut p = spawn_proc(&db, dir.path(), "before", 500, &[]);
+    // 2 s leases: alice's one renewal may be a loaded machine's second late.
+    let mut p = spawn_proc(&db, dir.path(), "before", 2000, &[]);
     let mut a = Raw::join(p.addr, "k", &join_token(&key, "k", "alice", true), None).await;
     let epoch = a
         .until(|m| match m {
@@ -227,7 +228,7 @@ async fn kill_9_and_restart_keeps_epochs_and_the_log() {
     p.child.kill().unwrap(); // SIGKILL
     p.child.wait().unwrap();
     drop(a);
-    let p2 = spawn_proc(&db, dir.path(), "after", 500, &[]);
+    let p2 = spawn_proc(&db, dir.path(), "after", 2000, &[]);
     let mut b = Raw::join(p2.addr, "k", &join_token(&key, "k", "bob", true), Some(0)).await;
     let (snap, missed) = b
         .until(|m| match m {
