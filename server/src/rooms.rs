@@ -692,15 +692,15 @@ impl App {
             own.insert(id);
             Self::remove_kicked(hub, p)
         };
-        self.replace_kicked(hub, &sessions, &correlation_id()).await;
+        self.replace_kicked(hub, &sessions).await;
         Ok(sessions.len())
     }
 
     /// Kicks `p` from the room in this process (a kick made through another one). Returns how
     /// many sessions were kicked here.
-    pub async fn kick_here(&self, hub: &Arc<Room>, p: &ParticipantId, correlation: &str) -> usize {
+    pub async fn kick_here(&self, hub: &Arc<Room>, p: &ParticipantId) -> usize {
         let sessions = Self::remove_kicked(hub, p);
-        self.replace_kicked(hub, &sessions, correlation).await;
+        self.replace_kicked(hub, &sessions).await;
         sessions.len()
     }
 
@@ -726,9 +726,13 @@ impl App {
     }
 
     /// A kicked host is replaced at once.
-    async fn replace_kicked(&self, hub: &Arc<Room>, sessions: &[SessionId], correlation: &str) {
+    async fn replace_kicked(&self, hub: &Arc<Room>, sessions: &[SessionId]) {
+        let correlation = correlation_id();
         for s in sessions {
-            if let Err(e) = self.replace_host(hub, s, Reason::Kicked, correlation).await {
+            if let Err(e) = self
+                .replace_host(hub, s, Reason::Kicked, &correlation)
+                .await
+            {
                 tracing::warn!(error = %e, "replace host after a kick failed");
             }
         }
@@ -929,9 +933,7 @@ async fn sweeper(app: Arc<App>, mut last_kick: i64) {
                     let hub = app.rooms.lock().expect("rooms lock").get(&room).cloned();
                     if let Some(hub) = hub {
                         let app = app.clone();
-                        tokio::spawn(
-                            async move { app.kick_here(&hub, &p, &correlation_id()).await },
-                        );
+                        tokio::spawn(async move { app.kick_here(&hub, &p).await });
                     }
                 }
             }

@@ -967,16 +967,13 @@ async fn a_forced_grant_waits_out_the_lease_it_takes_away() {
     let mut b = srv.raw("fence", "bob", true).await;
     b.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
         .await;
-    let http = reqwest::Client::new();
-    let admin = |action: &'static str, body: serde_json::Value| {
-        http.post(format!("http://{}/v1/admin/rooms/fence/{action}", srv.addr))
-            .bearer_auth("admin-secret")
-            .json(&body)
-            .send()
-    };
     // Alice renewed within the last second (probes come every TTL/3): her lease has 2 s or more.
     let before = srv.app.store.room(&room).await.unwrap().unwrap();
-    let r = admin("reassign", serde_json::json!({"to": "bob"}))
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/admin/rooms/fence/reassign", srv.addr))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"to": "bob"}))
+        .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
@@ -989,10 +986,7 @@ async fn a_forced_grant_waits_out_the_lease_it_takes_away() {
     hold_lease(&mut b).await;
     // A kick of the host is fenced the same way; the successor is alice again.
     let before = srv.app.store.room(&room).await.unwrap().unwrap();
-    let r = admin("kick", serde_json::json!({"participant": "bob"}))
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(kick(srv.addr, "fence", "bob").await, 1);
     let probed = first_probe_at(&mut a, before.epoch.next()).await;
     assert!(
         probed + 20 >= before.lease_expires,

@@ -142,18 +142,14 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
             .sum::<usize>()
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let mut still: Option<(usize, tokio::time::Instant)> = None;
+    let (mut counts, mut since) = (None, tokio::time::Instant::now());
     while tokio::time::Instant::now() < deadline {
-        let committed = committed_assignments(&db, "race").await;
+        let now_counts = (count_lines(), committed_assignments(&db, "race").await);
         let now = tokio::time::Instant::now();
-        if count_lines() != committed {
-            still = None;
-        } else if let Some((_, since)) = still.filter(|(n, _)| *n == committed) {
-            if now - since >= Duration::from_secs(2) {
-                break;
-            }
-        } else {
-            still = Some((committed, now));
+        if counts != Some(now_counts) {
+            (counts, since) = (Some(now_counts), now);
+        } else if now_counts.0 == now_counts.1 && now - since >= Duration::from_secs(2) {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
