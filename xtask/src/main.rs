@@ -382,6 +382,13 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
             .arg(&built),
     )?;
     let wasm = out.join("hostlease_bg.wasm");
+    let bound = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
+    let (snipped, names) = strip::snip_panics(&bound)?;
+    std::fs::write(&wasm, snipped).map_err(|e| format!("write {}: {e}", wasm.display()))?;
+    eprintln!(
+        "\n==> functions that only panic made a bare trap: {} (xtask/src/strip.rs)",
+        names.len()
+    );
     run(
         "wasm-opt -Oz (npm binaryen)",
         Command::new(tools::node_bin(root, "wasm-opt"))

@@ -1,12 +1,23 @@
-//! A post-link pass over the bundle's `.wasm`: the text only a panic would read is zeroed.
+//! Post-link passes over the bundle's `.wasm`, for what only a panic would run or read.
 //!
-//! The bundle's panic handler (`src/web/mod.rs`) traps without looking at its `PanicInfo`, so
-//! the messages of core's and alloc's panics and the source paths of panic locations are never
-//! read. wasm-opt removes code, not bytes of a data segment, so they stayed: 474 bytes of paths
-//! and 424 of messages, about 190 bytes brotli. Zeroed, they compress to almost nothing (as
-//! `wasm-snip` does for code, this is for data). Text the JS glue shows (wasm-bindgen's own
-//! errors) is not on the list and stays. The browser tests run the bundle after this pass.
+//! The bundle's panic handler (`src/web/mod.rs`) traps without looking at its `PanicInfo`.
+//!
+//! - [`snip_panics`], before wasm-opt: the functions of core and alloc that exist only to panic
+//!   (bounds checks, `expect` on `None`, a `RefCell` borrowed twice, capacity overflow...) build
+//!   a message (`fmt::Arguments`, the number formatting behind it) and call the panic handler,
+//!   which traps. Their bodies become a bare `unreachable`: the same trap, at once, and wasm-opt
+//!   then drops the formatting code nothing else calls (about 1.2 KB raw, 400 bytes brotli). This
+//!   is what `wasm-snip --snip-rust-panicking-code` does, for a named list of functions that
+//!   never return (each is `-> !` in the standard library), so no function that returns changes.
+//! - [`zero_panic_text`], after wasm-opt: the messages of core's and alloc's panics and the
+//!   source paths of panic locations are never read. wasm-opt removes code, not bytes of a data
+//!   segment, so they stayed: 474 bytes of paths and 424 of messages, about 190 bytes brotli.
+//!   Zeroed, they compress to almost nothing. Text the JS glue shows (wasm-bindgen's own errors)
+//!   is not on the list and stays.
+//!
+//! The browser tests run the bundle after both passes.
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 /// Messages of core's and alloc's panics (their fixed parts), as the compiler lays them out.
@@ -68,9 +79,25 @@ pub fn zero_panic_text(wasm: &mut [u8]) -> Result<usize, String> {
 
 /// The byte range of the data section's contents.
 fn data_section(wasm: &[u8]) -> Result<Range<usize>, String> {
-    if wasm.get(..4) != Some(b"\0asm") {
+    sections(wasm)?
+        .into_iter()
+        .find(|s| s.id == 11)
+        .map(|s| s.body)
+        .ok_or_else(|| "the module has no data section".into())
+}
+
+/// One section of a module: its id, where it starts (its id byte) and its contents.
+struct Section {
+    id: u8,
+    start: usize,
+    body: Range<usize>,
+}
+
+fn sections(wasm: &[u8]) -> Result<Vec<Section>, String> {
+    if wasm.get(..4) != Some(b"\0asm") || wasm.len() < 8 {
         return Err("not a wasm module".into());
     }
+    let mut out = Vec::new();
     let mut i = 8;
     while i < wasm.len() {
         let id = wasm[i];
@@ -80,12 +107,220 @@ fn data_section(wasm: &[u8]) -> Result<Range<usize>, String> {
             .checked_add(size)
             .filter(|&e| e <= wasm.len())
             .ok_or("a section runs past the end")?;
-        if id == 11 {
-            return Ok(body..end);
-        }
+        out.push(Section {
+            id,
+            start: i,
+            body: body..end,
+        });
         i = end;
     }
-    Err("the module has no data section".into())
+    Ok(out)
+}
+
+/// Functions of the standard library that never return: each builds a panic message and calls
+/// the panic handler. Matched on the name with the crates' `[hash]` taken out.
+fn always_panics(name: &str) -> bool {
+    const PREFIXES: &[&str] = &["core::panicking::", "core::slice::index::slice_"];
+    const EXACT: &[&str] = &[
+        "core::option::expect_failed",
+        "core::option::unwrap_failed",
+        "core::result::unwrap_failed",
+        "core::cell::panic_already_borrowed",
+        "core::cell::panic_already_mutably_borrowed",
+        "alloc::raw_vec::capacity_overflow",
+        "alloc::raw_vec::handle_error",
+        "alloc::alloc::handle_alloc_error",
+        "__rustc::__rdl_alloc_error_handler",
+        "__rustc::__rust_alloc_error_handler",
+    ];
+    let name = without_hashes(name);
+    let slice_fail = name.starts_with(PREFIXES[1]) && name.ends_with("_fail");
+    name.starts_with(PREFIXES[0])
+        || slice_fail
+        || EXACT.contains(&name.as_str())
+        // `Vec::insert` / `Vec::remove`'s out-of-range index.
+        || (name.starts_with("<alloc::vec::Vec<") && name.ends_with("::assert_failed"))
+}
+
+/// `core[c5930c85a12de822]::fmt` -> `core::fmt`.
+fn without_hashes(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut rest = name;
+    while let Some(open) = rest.find('[') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let hex = after.bytes().take_while(u8::is_ascii_hexdigit).count();
+        if hex > 0 && after.as_bytes().get(hex) == Some(&b']') {
+            rest = &after[hex + 1..];
+        } else {
+            out.push('[');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Replaces the body of every function [`always_panics`] names with `unreachable`; returns the
+/// new module and the names snipped. Needs the module's name section (wasm-bindgen keeps it;
+/// wasm-opt `--strip-debug` drops it afterwards). Finding none of them is an error: the
+/// compiler's naming has changed and the list needs a look.
+pub fn snip_panics(wasm: &[u8]) -> Result<(Vec<u8>, Vec<String>), String> {
+    let secs = sections(wasm)?;
+    let imported = imported_functions(wasm, &secs)?;
+    let names = function_names(wasm, &secs)?;
+    let code = secs
+        .iter()
+        .find(|s| s.id == 10)
+        .ok_or("the module has no code section")?;
+    let b = &wasm[code.body.clone()];
+    let (count, mut at) = leb128(b).ok_or("the code section's count is malformed")?;
+    let mut contents = leb128_bytes(count);
+    let mut snipped = Vec::new();
+    for f in 0..count {
+        let (size, n) = leb128(&b[at..]).ok_or("a function's size is malformed")?;
+        let body = at + n..at + n + size;
+        let body = b.get(body).ok_or("a function runs past its section")?;
+        at += n + size;
+        match names.get(&(imported + f)) {
+            Some(name) if always_panics(name) => {
+                // No locals; `unreachable`; `end`.
+                contents.extend_from_slice(&[3, 0, 0x00, 0x0b]);
+                snipped.push(name.clone());
+            }
+            _ => {
+                contents.extend_from_slice(&leb128_bytes(size));
+                contents.extend_from_slice(body);
+            }
+        }
+    }
+    if snipped.is_empty() {
+        return Err("no panicking function of core or alloc found by name to snip".into());
+    }
+    let mut out = wasm[..code.start].to_vec();
+    out.push(10);
+    out.extend_from_slice(&leb128_bytes(contents.len()));
+    out.extend_from_slice(&contents);
+    out.extend_from_slice(&wasm[code.body.end..]);
+    Ok((out, snipped))
+}
+
+/// How many functions the import section brings in (they come first in the index space).
+fn imported_functions(wasm: &[u8], secs: &[Section]) -> Result<usize, String> {
+    let Some(imports) = secs.iter().find(|s| s.id == 2) else {
+        return Ok(0);
+    };
+    let b = &wasm[imports.body.clone()];
+    let bad = || "the import section is malformed".to_string();
+    let mut r = Cursor { b, at: 0 };
+    let mut funcs = 0;
+    for _ in 0..r.leb().ok_or_else(bad)? {
+        for _ in 0..2 {
+            let len = r.leb().ok_or_else(bad)?;
+            r.skip(len).ok_or_else(bad)?;
+        }
+        match r.byte().ok_or_else(bad)? {
+            0 => {
+                r.leb().ok_or_else(bad)?;
+                funcs += 1;
+            }
+            1 => {
+                r.byte().ok_or_else(bad)?;
+                r.limits().ok_or_else(bad)?;
+            }
+            2 => r.limits().ok_or_else(bad)?,
+            3 => r.skip(2).ok_or_else(bad)?,
+            4 => {
+                r.byte().ok_or_else(bad)?;
+                r.leb().ok_or_else(bad)?;
+            }
+            k => return Err(format!("an import of unknown kind {k}")),
+        }
+    }
+    Ok(funcs)
+}
+
+/// The name section's function names, by function index.
+fn function_names(wasm: &[u8], secs: &[Section]) -> Result<HashMap<usize, String>, String> {
+    let bad = || "the name section is malformed".to_string();
+    for s in secs.iter().filter(|s| s.id == 0) {
+        let mut r = Cursor {
+            b: &wasm[s.body.clone()],
+            at: 0,
+        };
+        let len = r.leb().ok_or_else(bad)?;
+        if r.bytes(len) != Some(b"name") {
+            continue;
+        }
+        while r.at < r.b.len() {
+            let sub = r.byte().ok_or_else(bad)?;
+            let size = r.leb().ok_or_else(bad)?;
+            if sub != 1 {
+                r.skip(size).ok_or_else(bad)?;
+                continue;
+            }
+            let mut names = HashMap::new();
+            for _ in 0..r.leb().ok_or_else(bad)? {
+                let index = r.leb().ok_or_else(bad)?;
+                let len = r.leb().ok_or_else(bad)?;
+                let name = r.bytes(len).ok_or_else(bad)?;
+                names.insert(index, String::from_utf8_lossy(name).into_owned());
+            }
+            return Ok(names);
+        }
+    }
+    Err(
+        "the module has no function names (wasm-bindgen keeps them; run this before wasm-opt)"
+            .into(),
+    )
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn byte(&mut self) -> Option<u8> {
+        let x = *self.b.get(self.at)?;
+        self.at += 1;
+        Some(x)
+    }
+    fn leb(&mut self) -> Option<usize> {
+        let (v, n) = leb128(self.b.get(self.at..)?)?;
+        self.at += n;
+        Some(v)
+    }
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn skip(&mut self, n: usize) -> Option<()> {
+        self.bytes(n).map(drop)
+    }
+    /// A table's or memory's limits: flags, minimum, and a maximum when flag 1 is set.
+    fn limits(&mut self) -> Option<()> {
+        let flags = self.byte()?;
+        self.leb()?;
+        if flags & 1 != 0 {
+            self.leb()?;
+        }
+        Some(())
+    }
+}
+
+fn leb128_bytes(mut v: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let x = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(x);
+            return out;
+        }
+        out.push(x | 0x80);
+    }
 }
 
 fn leb128(b: &[u8]) -> Option<(usize, usize)> {
@@ -136,6 +371,142 @@ mod tests {
         // Outside the data section nothing changes; a `.rs` name without `src/` stays too.
         assert!(m.windows(decoy.len()).any(|w| w == decoy));
         assert!(m.windows(7).any(|w| w == b"keep.rs"));
+    }
+
+    fn section(id: u8, contents: &[u8]) -> Vec<u8> {
+        let mut s = vec![id];
+        s.extend_from_slice(&leb128_bytes(contents.len()));
+        s.extend_from_slice(contents);
+        s
+    }
+
+    fn name(s: &str) -> Vec<u8> {
+        let mut v = leb128_bytes(s.len());
+        v.extend_from_slice(s.as_bytes());
+        v
+    }
+
+    /// Imports one function, a memory and a table, then defines three functions named
+    /// `names` (indices 1..=3) with bodies `bodies`; a custom section `decoy` sits before the
+    /// code, the name section after it.
+    fn functions(names: Option<[&str; 3]>, bodies: [&[u8]; 3]) -> Vec<u8> {
+        let mut m = b"\0asm\x01\0\0\0".to_vec();
+        m.extend(section(1, &[1, 0x60, 0, 0]));
+        let mut imports = vec![3];
+        for (module, field, desc) in [
+            ("m", "f", &[0u8, 0][..]),
+            ("m", "mem", &[2, 1, 1, 2][..]),
+            ("m", "t", &[1, 0x70, 0, 0x81, 0x01][..]),
+        ] {
+            imports.extend(name(module));
+            imports.extend(name(field));
+            imports.extend_from_slice(desc);
+        }
+        m.extend(section(2, &imports));
+        m.extend(section(3, &[3, 0, 0, 0]));
+        let mut decoy = name("decoy");
+        decoy.extend_from_slice(b"core::panicking::panic");
+        m.extend(section(0, &decoy));
+        let mut code = vec![3];
+        for body in bodies {
+            code.extend(leb128_bytes(body.len()));
+            code.extend_from_slice(body);
+        }
+        m.extend(section(10, &code));
+        if let Some(names) = names {
+            let mut sub = vec![3];
+            for (i, n) in names.iter().enumerate() {
+                sub.extend(leb128_bytes(i + 1));
+                sub.extend(name(n));
+            }
+            let mut custom = name("name");
+            // A module-name subsection first, which the pass skips.
+            custom.extend(section(0, &name("hostlease")));
+            custom.extend(section(1, &sub));
+            m.extend(section(0, &custom));
+        }
+        m
+    }
+
+    const PANICS: &str = "core[c5930c85a12de822]::panicking::panic_bounds_check";
+    const RETURNS: &str = "hostlease::core::view::HostView::handle_server::h1";
+    const ASSERT: &str = "<alloc[3ca501edff3f0c7c]::vec::Vec<_, _>>::remove::assert_failed";
+    /// Bodies: no locals, then `nop`s of differing counts, `end`.
+    const BODIES: [&[u8]; 3] = [&[0, 1, 0x0b], &[0, 1, 1, 0x0b], &[0, 1, 1, 1, 0x0b]];
+
+    #[test]
+    fn only_the_functions_that_always_panic_become_a_trap() {
+        let m = functions(Some([PANICS, RETURNS, ASSERT]), BODIES);
+        let (out, snipped) = snip_panics(&m).unwrap();
+        assert_eq!(snipped, [PANICS, ASSERT]);
+        let trap: &[u8] = &[0, 0x00, 0x0b];
+        let expect = functions(Some([PANICS, RETURNS, ASSERT]), [trap, BODIES[1], trap]);
+        let code = |m: &[u8]| {
+            let s = sections(m).unwrap();
+            let c = s.iter().find(|s| s.id == 10).unwrap();
+            m[c.start..c.body.end].to_vec()
+        };
+        assert_eq!(code(&out), code(&expect));
+        assert_eq!(out.len(), m.len() - 2);
+        // Every other section is as it was, in the same order.
+        let others = |m: &[u8]| -> Vec<Vec<u8>> {
+            let s = sections(m).unwrap();
+            s.iter()
+                .filter(|s| s.id != 10)
+                .map(|s| m[s.start..s.body.end].to_vec())
+                .collect()
+        };
+        assert_eq!(others(&out), others(&m));
+        assert_eq!(sections(&out).unwrap().len(), sections(&m).unwrap().len());
+    }
+
+    #[test]
+    fn snipping_needs_names_and_something_to_snip() {
+        let unnamed = functions(None, BODIES);
+        assert!(snip_panics(&unnamed)
+            .unwrap_err()
+            .contains("no function names"));
+        let none = functions(Some([RETURNS, RETURNS, RETURNS]), BODIES);
+        assert!(snip_panics(&none)
+            .unwrap_err()
+            .contains("no panicking function"));
+        assert!(snip_panics(b"nope").is_err());
+        // A body running past its section is an error, not a panic.
+        let mut cut = functions(Some([PANICS, RETURNS, ASSERT]), BODIES);
+        let code = sections(&cut)
+            .unwrap()
+            .into_iter()
+            .find(|s| s.id == 10)
+            .unwrap();
+        cut[code.body.start + 1] = 0x7f;
+        assert!(snip_panics(&cut).is_err());
+    }
+
+    #[test]
+    fn the_list_names_functions_that_never_return() {
+        for panics in [
+            PANICS,
+            ASSERT,
+            "core[c5930c85a12de822]::slice::index::slice_index_fail",
+            "core[c5930c85a12de822]::slice::index::slice_end_index_len_fail",
+            "core[c5930c85a12de822]::option::expect_failed",
+            "core[c5930c85a12de822]::cell::panic_already_borrowed",
+            "alloc[3ca501edff3f0c7c]::raw_vec::capacity_overflow",
+            "__rustc[b7974e8690430dd9]::__rdl_alloc_error_handler",
+        ] {
+            assert!(always_panics(panics), "{panics}");
+        }
+        for returns in [
+            RETURNS,
+            "<core[c5930c85a12de822]::fmt::Formatter>::pad_integral",
+            "core[c5930c85a12de822]::slice::index::range",
+            "<alloc[3ca501edff3f0c7c]::vec::Vec<_, _>>::remove",
+            "hostlease::core::panicking::helper",
+            "core[nothex]::panicking::panic",
+        ] {
+            assert!(!always_panics(returns), "{returns}");
+        }
+        assert_eq!(without_hashes("a[0f]::b[x]::c["), "a::b[x]::c[");
     }
 
     #[test]
