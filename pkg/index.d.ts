@@ -27,12 +27,13 @@ export declare const ErrorCode: Readonly<{
 }>;
 
 /** Codes an `error` event carries from the server: its error frame's wire code (a
- * `ConnectionError`), or the decoder's code for a frame it refused. */
+ * `ConnectionError`), or the decoder's code for a frame it refused (a frame of a type this
+ * version does not know is skipped: a newer server's). */
 export type ServerErrorCode =
   | "bad_frame" | "frame_too_large" | "unsupported_version" | "rate_limited" | "unauthorized"
   | "room_full" | "too_many_rooms" | "too_many_connections" | "unexpected_message"
   | "room_closed" | "kicked" | "internal" | "unknown"
-  | "malformed_frame" | "missing_version" | "unknown_message_type" | "invalid_frame";
+  | "malformed_frame" | "missing_version" | "invalid_frame";
 
 export type ErrorCodeValue = (typeof ErrorCode)[keyof typeof ErrorCode] | ServerErrorCode | (string & {});
 
@@ -165,7 +166,8 @@ export type ConnectOptions = ConnectOptionsBase & (
   | {
     token?: string;
     /** Called for the first connection's join token, 30 s ahead of `expiresAt` (half way for a
-     * token of a minute or less), and when the server refuses the token it has; a token without
+     * token of a minute or less, and never sooner than 10 s after the last answer: give tokens
+     * at least 20 s), and when the server refuses the token it has; a token without
      * `expiresAt` is used again for every reconnect until it is refused. An answer that takes
      * longer than 10 s counts as failed (`TokenUnavailable`) and is asked again later. */
     getToken: () => TokenResult | Promise<TokenResult>;
@@ -181,7 +183,11 @@ export declare class Room {
   /** Rooms come from `connect()`, which checks the options and fetches the first token. */
   private constructor();
   readonly room: string;
-  /** The same object until something in it changes (fit for `useSyncExternalStore`); read-only. */
+  /** The same object until something in it changes (fit for `useSyncExternalStore`); read-only.
+   * Every change comes with an event but three: a command sent while live (in `pending` as soon
+   * as `command()` returns), a queued command sent after the resync (`queued` turns false before
+   * its `command` event), and the lease's deadline passing (`amHost` and `lease` read it at once,
+   * before the timer's `lease` event). */
   readonly view: HostView;
   /** Subscribes `listener`; returns the unsubscribe function. Each call is a subscription of
    * its own; the returned function ends it. An event goes to the listeners subscribed when its
@@ -197,7 +203,8 @@ export declare class Room {
   /** Tags a message of the host with its epoch; throws a `CommandError` (`NotHost`, or
    * `NotAuthoritative` while the lease is not held) when this tab may not act as host. */
   stamp<T>(body: T): Stamped<T>;
-  /** The body of a message `peerId` stamped, or `null`: from an older epoch than this tab has
+  /** The body of a message `peerId` stamped (stamp a non-null body: a `null` one cannot be told
+   * from a refusal), or `null`: from an older epoch than this tab has
    * seen, or from that epoch but not from its host. A newer epoch is taken (stamps are not
    * signed: only the view's verified epoch is the floor). */
   acceptStamped<T>(peerId: string, message: Stamped<T>): T | null;

@@ -204,7 +204,11 @@ export async function fetchInbox(options) {
     try {
       body = inboxPage(await res.json());
     } catch (e) {
-      throw e instanceof HostleaseError ? e : new ProtocolError(ErrorCode.BadResponse, "the inbox page is not JSON");
+      // A body that is not JSON is the server's fault; one cut off (the 10 s of its attempt
+      // ran out on a slow link, or the network went) is the network's.
+      throw e instanceof HostleaseError ? e : e instanceof SyntaxError
+        ? new ProtocolError(ErrorCode.BadResponse, "the inbox page is not JSON")
+        : new ConnectionError(ErrorCode.Unavailable, "the inbox page could not be read", { cause: e });
     }
     entries.push(...body.entries);
     if (body.next == null) return { entries, next: null };

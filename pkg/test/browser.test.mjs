@@ -38,13 +38,14 @@ after(async () => {
 
 /** Opens a page for participant `pid` in `room`, connected through its own proxy (to `server`,
  * by default the one every test shares). */
-async function member(room, pid, { webrtc = true, tokenTtl, tokenTtlMs, server = srv } = {}) {
+async function member(room, pid, { webrtc = true, tokenTtl, tokenTtlMs, server = srv, silent = false } = {}) {
   const ctx = await browser.newContext();
   await ctx.grantPermissions(["microphone", "camera"]);
   const page = await ctx.newPage();
   page.on("pageerror", (e) => console.error(`[${pid}] pageerror`, e));
   const proxy = new FaultProxy(server.port);
   const port = await proxy.listen();
+  if (silent) proxy.silence();
   await page.goto(`http://127.0.0.1:${statics.port}/`);
   await page.waitForFunction(() => window.T?.ready);
   const tokens = [];
@@ -163,6 +164,22 @@ test("a connection that goes silent without closing is given up: provisional, th
   await until("bob live again", async () => (await b.view()).phase === "live", { timeout: 60_000 });
   assert.equal((await b.view()).host, "alice");
   await closeAll(a, b);
+});
+
+test("a dial whose upgrade is never answered is given up and dialled again; the room goes live once the path answers", async () => {
+  const room = newRoom();
+  // Bob's first dial reaches something that takes the connection and never answers it (nor
+  // closes it): the browser's own limit for that is minutes, and only the SDK's dial deadline
+  // makes it dial again.
+  const b = await member(room, "bob", { webrtc: false, silent: true });
+  await until("bob dials again", async () => b.proxy.wsDials >= 2, { timeout: 60_000 });
+  const v = await b.view();
+  assert.notEqual(v.phase, "live");
+  assert.equal(v.amHost, false);
+  b.proxy.restore();
+  await until("bob live", async () => (await b.view()).phase === "live", { timeout: 60_000 });
+  await amHost(b);
+  await closeAll(b);
 });
 
 test("server unreachable: the same provisional coordinator everywhere; back: authoritative, queued votes once", async () => {

@@ -331,11 +331,19 @@ test("error names survive a minifying bundler (which renames the classes)", asyn
 test("fetchInbox pages through the inbox and rejects bad answers with typed errors", async () => {
   const http = await import("node:http");
   const seen = [];
-  let answer = null; // (since) => [status, headers, body]
+  const CUT = Symbol("cut");
+  let answer = null; // (since) => [status, headers, body or CUT]
   const server = http.createServer((req, res) => {
     const u = new URL(req.url, "http://x");
     seen.push({ path: u.pathname, search: u.search, auth: req.headers.authorization });
     const [status, headers, body] = answer(Number(u.searchParams.get("since")));
+    if (body === CUT) {
+      // Half a page, then the connection goes.
+      res.writeHead(status, { "content-type": "application/json", "content-length": "1000" });
+      res.write('{"entries": [');
+      setTimeout(() => res.socket.destroy(), 50);
+      return;
+    }
     res.writeHead(status, { "content-type": "application/json", ...headers }).end(body);
   });
   await new Promise((r) => server.listen(0, "127.0.0.1", r));
@@ -368,6 +376,8 @@ test("fetchInbox pages through the inbox and rejects bad answers with typed erro
       await assert.rejects(hl.fetchInbox({ url, room: "r", token: "t" }), (e) => e instanceof Cls && e.code === code);
     };
     await rejects("not json", 200, "BadResponse", hl.ProtocolError);
+    // A page cut off on its way is the network's failure, not a malformed answer.
+    await rejects(CUT, 200, "Unavailable", hl.ConnectionError);
     await rejects(JSON.stringify({ entries: [{ cursor: -1, item: event(1) }] }), 200, "BadResponse", hl.ProtocolError);
     await rejects(JSON.stringify({ entries: [{ cursor: 1, item: { kind: "other" } }] }), 200, "BadResponse", hl.ProtocolError);
     await rejects(JSON.stringify({ entries: [], next: 0 }), 200, "BadResponse", hl.ProtocolError); // a cursor that does not move

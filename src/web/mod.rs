@@ -62,6 +62,10 @@ const WALL_GRAIN_MS: f64 = 250.0;
 
 /// How long a connection must have stayed live for the reconnect backoff to start over.
 const STAYED_LIVE_MS: u64 = 30_000;
+/// How long a dial may take to open before it is given up and dialled again with backoff (a
+/// connection whose upgrade is never answered: a SYN into a route that went away, a proxy that
+/// never replies). The browser's own limit is minutes, and meanwhile nothing else would redial.
+const DIAL_TIMEOUT_MS: u64 = 10_000;
 
 /// Local time: `performance.now()`, plus whatever the wall clock advanced beyond it (a sleeping
 /// machine stops `performance.now()` in some browsers). Never goes backwards.
@@ -170,6 +174,8 @@ struct State {
     /// [`STAYED_LIVE_MS`] (a server that welcomes and drops at once was redialled every 0–500
     /// ms for ever, by every client at the same time after a deploy).
     live_at: Option<Instant>,
+    /// With no socket: when to ask for a token and dial. With a socket not yet open: when to
+    /// give its dial up ([`DIAL_TIMEOUT_MS`]). `None` while connected, or while a token is awaited.
     reconnect_at: Option<Instant>,
     rng: SplitMix64,
     clock: Clock,
@@ -463,7 +469,12 @@ impl State {
                         let now = s.now();
                         if s.reconnect_at.is_some_and(|t| now >= t) {
                             s.reconnect_at = None;
-                            s.push(JsEvent::TokenNeeded);
+                            if s.socket.is_some() {
+                                // A dial that has not opened in time (see `open`).
+                                s.drop_socket();
+                            } else {
+                                s.push(JsEvent::TokenNeeded);
+                            }
                         }
                         s.view.handle_timeout(now);
                     });
@@ -513,6 +524,7 @@ impl State {
             if let Some(rc) = w.upgrade() {
                 step(&rc, |s, _| {
                     let now = s.now();
+                    s.reconnect_at = None;
                     let token = s.token.take().unwrap_or_else(|| Token::new(""));
                     s.view.handle_connected(now, token);
                 });
@@ -532,6 +544,9 @@ impl State {
             _open: open,
             _close: close,
         });
+        // While a socket is set, `reconnect_at` is its dial's deadline (cleared when it opens):
+        // the timer gives it up then, and `online` at once.
+        self.reconnect_at = Some(self.now().add_ms(DIAL_TIMEOUT_MS));
         Ok(())
     }
 
@@ -584,8 +599,9 @@ impl State {
                     let now = s.now();
                     s.view.handle_wake(now);
                     if name == "online" && s.reconnect_at.is_some() {
-                        // The network is back: reconnect now rather than at the backoff (only a
-                        // wait for one: a dial already asked for is under way).
+                        // The network is back: redial now rather than at the backoff or at the
+                        // deadline of a dial begun on the old network (not while a token is
+                        // awaited: that dial is on its way).
                         s.attempt = 0;
                         s.reconnect_at = Some(now);
                     }

@@ -9,6 +9,9 @@ export class FaultProxy {
     this.accepted = 0; // connections the page opened through this proxy
     this.blocked = false;
     this.held = false;
+    this.silent = false;
+    this.limbo = new Set(); // connections taken in while silent: never forwarded, never closed
+    this.wsDials = 0; // of those, the ones that asked for a WebSocket upgrade
     this.server = net.createServer((client) => this._accept(client));
   }
 
@@ -19,6 +22,12 @@ export class FaultProxy {
   _accept(client) {
     this.accepted++;
     if (this.blocked) return client.destroy();
+    if (this.silent) {
+      this.limbo.add(client);
+      client.on("error", () => {}).on("close", () => this.limbo.delete(client));
+      client.once("data", (d) => { if (/^upgrade: *websocket/im.test(d.toString("latin1"))) this.wsDials++; });
+      return;
+    }
     const upstream = net.connect(this.target);
     const pair = { client, upstream };
     this.pairs.add(pair);
@@ -49,6 +58,13 @@ export class FaultProxy {
       p.upstream.destroy();
     }
     this.pairs.clear();
+    for (const c of this.limbo) c.destroy();
+  }
+
+  /** New connections are accepted and then left alone: nothing forwarded, nothing answered,
+   * nothing closed (a route that went away mid-dial), until `restore()`; those stay so. */
+  silence() {
+    this.silent = true;
   }
 
   /** Stops forwarding (bytes wait in the kernel buffers) without closing anything. */
@@ -60,6 +76,7 @@ export class FaultProxy {
   /** Accepts and forwards again. */
   restore() {
     this.blocked = false;
+    this.silent = false;
     if (this.held) {
       this.held = false;
       for (const p of this.pairs) {
