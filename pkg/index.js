@@ -504,6 +504,11 @@ export class Room {
   // driver as text: the Rust codec decodes it with its limits and reports what is wrong.
   _onMessage({ data }) {
     if (typeof data !== "string") return; // binary frames are not part of the protocol
+    // Past the 4 MiB limit in UTF-16 units already (a UTF-8 byte or more each): refused here, as
+    // the codec would, without first copying it into the wasm's memory (which never shrinks).
+    if (data.length > 4 << 20) {
+      return this._dispatch({ type: "error", code: "frame_too_large", message: "a frame from the server is too large" });
+    }
     if (data.length <= EVENT_MAX && data.startsWith(EVENT_HEAD)) {
       let m;
       try {

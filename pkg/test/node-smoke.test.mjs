@@ -328,6 +328,24 @@ test("error names survive a minifying bundler (which renames the classes)", asyn
 
 // fetchInbox against a scripted HTTP server on loopback: paging, the token's place, Retry-After,
 // and typed errors for every bad answer.
+test("a frame past the 4 MiB limit is refused with frame_too_large before it is copied into the wasm", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  try {
+    const errors = [];
+    room.on("error", (e) => errors.push(e));
+    // The loader hands back the instance it made for the package.
+    const { memory } = await (await import("../wasm/hostlease.js")).default();
+    const before = memory.buffer.byteLength;
+    // Longer than the memory as it is: a copy would have to grow it.
+    room._onMessage({ data: "x".repeat(Math.max(4 << 20, before) + 1) });
+    assert.deepEqual(errors.map((e) => [e.constructor.name, e.code]), [["ConnectionError", "frame_too_large"]]);
+    assert.equal(memory.buffer.byteLength, before, "the frame was copied into the wasm's memory");
+  } finally {
+    room.close();
+  }
+});
+
 test("fetchInbox pages through the inbox and rejects bad answers with typed errors", async () => {
   const http = await import("node:http");
   const seen = [];
