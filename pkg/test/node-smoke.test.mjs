@@ -510,6 +510,47 @@ test("a relay signed with a key published since the keys were read is verified a
   assert.equal(fetches, 2);
 });
 
+test("where WebCrypto has no Ed25519, relays are ignored and one RelayUnsupported warning says so", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const http = await import("node:http");
+  const { subtle } = globalThis.crypto;
+  const key = await subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
+  const x = Buffer.from(await subtle.exportKey("raw", key.publicKey)).toString("base64url");
+  // The server's keys are there; the browser cannot use them (as Safari before 17 and Chromium
+  // before 113 answer importKey for Ed25519).
+  const server = http.createServer((req, res) =>
+    res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys: [{ kid: "k1", alg: "Ed25519", x }] })));
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const realImport = subtle.importKey;
+  subtle.importKey = function (format, data, alg, ...rest) {
+    if ((alg?.name ?? alg) === "Ed25519") return Promise.reject(new DOMException("Unrecognized name.", "NotSupportedError"));
+    return realImport.call(this, format, data, alg, ...rest);
+  };
+  // The keys are read again a minute after a failed read: that timer must not hold this test.
+  const realSetTimeout = globalThis.setTimeout;
+  globalThis.setTimeout = (...args) => realSetTimeout(...args).unref();
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
+  try {
+    const errors = [];
+    const relays = [];
+    room.on("error", (e) => errors.push([e.constructor.name, e.code]));
+    room.on("relay", (r) => relays.push([r.accepted, r.reason]));
+    const a = { room: "r", host: "p", session: "s", epoch: 7, seq: 7, lease_ms: 1000, reason: "elected", issued_at: 0, kid: "k1" };
+    const bytes = new TextEncoder().encode(["hostlease/v1/assignment", a.room, a.host, a.session, a.epoch, a.seq, a.lease_ms, a.reason, a.issued_at].join("\n"));
+    const sig = Buffer.from(await subtle.sign({ name: "Ed25519" }, key.privateKey, bytes)).toString("base64url");
+    await room._onRelay("peer", { ...a, sig });
+    await room._onRelay("peer", { ...a, sig });
+    assert.deepEqual(relays, [[false, "unsupported"], [false, "unsupported"]]);
+    assert.deepEqual(errors, [["ProtocolError", "RelayUnsupported"]], "one warning, not one per relay");
+    assert.equal(room.view.epoch, null, "an unverified relay reached the view");
+  } finally {
+    globalThis.setTimeout = realSetTimeout;
+    subtle.importKey = realImport;
+    room.close();
+    server.close();
+  }
+});
+
 test("an assignment whose reason this SDK does not know is not relayed (the copy would not verify)", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const ws = NeverOpens.instance;
