@@ -64,9 +64,11 @@ const WALL_GRAIN_MS: f64 = 250.0;
 
 /// How long a connection must have stayed live for the reconnect backoff to start over.
 const STAYED_LIVE_MS: u64 = 30_000;
-/// How long a dial may take to open before it is given up and dialled again with backoff (a
-/// connection whose upgrade is never answered: a SYN into a route that went away, a proxy that
-/// never replies). The browser's own limit is minutes, and meanwhile nothing else would redial.
+/// How long a first dial may take to open before it is given up and dialled again with backoff
+/// (a connection whose upgrade is never answered: a SYN into a route that went away, a proxy
+/// that never replies). The browser's own limit is minutes, and meanwhile nothing else would
+/// redial. Longer for each failed attempt since the last good connection (20, 30, then 40 s),
+/// so that a network slow enough to need that long still gets through.
 const DIAL_TIMEOUT_MS: u64 = 10_000;
 
 /// Local time: `performance.now()`, plus whatever the wall clock advanced beyond it (a sleeping
@@ -548,7 +550,8 @@ impl State {
         });
         // While a socket is set, `reconnect_at` is its dial's deadline (cleared when it opens):
         // the timer gives it up then, and `online` at once.
-        self.reconnect_at = Some(self.now().add_ms(DIAL_TIMEOUT_MS));
+        let wait = DIAL_TIMEOUT_MS * u64::from(self.attempt.min(3) + 1);
+        self.reconnect_at = Some(self.now().add_ms(wait));
         Ok(())
     }
 
@@ -1082,6 +1085,26 @@ mod tests {
         s.drop_socket();
         assert_eq!(s.attempt, 1, "lasted 31 s across a resync: starts over");
         drop(s);
+        d.close();
+    }
+
+    /// A dial has 10 s to open, then 20, 30 and 40 s for the attempts after it (a slow network
+    /// still gets through), counted again from the first after a connection that lasted.
+    #[wasm_bindgen_test]
+    fn a_dial_is_given_longer_after_each_that_did_not_open() {
+        let d = driver("ws://127.0.0.1:9/ws", noop(), 8);
+        let mut deadlines = Vec::new();
+        for _ in 0..5 {
+            d.connect("t".into()).unwrap();
+            let mut s = d.inner.borrow_mut();
+            let now = s.clock.now();
+            let at = s.reconnect_at.expect("a dial has a deadline");
+            assert!(s.socket.is_some());
+            // Rounded to seconds: the clock moves on between the two readings.
+            deadlines.push((at.ms_since(now) + 500) / 1000);
+            s.drop_socket(); // as the timer does at the deadline
+        }
+        assert_eq!(deadlines, [10, 20, 30, 40, 40]);
         d.close();
     }
 
