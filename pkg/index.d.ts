@@ -184,10 +184,10 @@ export declare class Room {
   private constructor();
   readonly room: string;
   /** The same object until something in it changes (fit for `useSyncExternalStore`); read-only.
-   * Every change comes with an event but three: a command sent while live (in `pending` as soon
+   * Every change comes with an event but four: a command sent while live (in `pending` as soon
    * as `command()` returns), a queued command sent after the resync (`queued` turns false before
-   * its `command` event), and the lease's deadline passing (`amHost` and `lease` read it at once,
-   * before the timer's `lease` event). */
+   * its `command` event), and the lease's deadline passing or a sleep just noticed (`amHost` and
+   * `lease` read them at once, before the next step's `lease` event). */
   readonly view: HostView;
   /** Subscribes `listener`; returns the unsubscribe function. Each call is a subscription of
    * its own; the returned function ends it. An event goes to the listeners subscribed when its

@@ -64,12 +64,12 @@ const WALL_GRAIN_MS: f64 = 250.0;
 
 /// How long a connection must have stayed live for the reconnect backoff to start over.
 const STAYED_LIVE_MS: u64 = 30_000;
-/// How long a first dial may take to open before it is given up and dialled again with backoff
-/// (a connection whose upgrade is never answered: a SYN into a route that went away, a proxy
-/// that never replies). The browser's own limit is minutes, and meanwhile nothing else would
-/// redial. Longer for each failed attempt since the last good connection (20, 30, then 40 s),
-/// so that a network slow enough to need that long still gets through.
-const DIAL_TIMEOUT_MS: u64 = 10_000;
+/// How long a dial may take to open before it is given up and dialled again with backoff (a
+/// connection whose upgrade is never answered: a SYN into a route that went away, a proxy that
+/// never replies). The browser's own limit is minutes, and meanwhile nothing else would redial.
+/// Fixed, as Ably's and Socket.IO's connect timeouts are: long enough for a TLS handshake over a
+/// slow mobile link.
+const DIAL_TIMEOUT_MS: u64 = 15_000;
 
 /// Local time: `performance.now()`, plus whatever the wall clock advanced beyond it (a sleeping
 /// machine stops `performance.now()` in some browsers). Never goes backwards.
@@ -550,8 +550,7 @@ impl State {
         });
         // While a socket is set, `reconnect_at` is its dial's deadline (cleared when it opens):
         // the timer gives it up then, and `online` at once.
-        let wait = DIAL_TIMEOUT_MS * u64::from(self.attempt.min(3) + 1);
-        self.reconnect_at = Some(self.now().add_ms(wait));
+        self.reconnect_at = Some(self.now().add_ms(DIAL_TIMEOUT_MS));
         Ok(())
     }
 
@@ -1088,13 +1087,13 @@ mod tests {
         d.close();
     }
 
-    /// A dial has 10 s to open, then 20, 30 and 40 s for the attempts after it (a slow network
-    /// still gets through), counted again from the first after a connection that lasted.
+    /// Every dial has a deadline of 15 s, whatever came before it (the timer gives the dial up
+    /// then: see the browser test with a proxy that never answers).
     #[wasm_bindgen_test]
-    fn a_dial_is_given_longer_after_each_that_did_not_open() {
+    fn every_dial_has_a_deadline() {
         let d = driver("ws://127.0.0.1:9/ws", noop(), 8);
         let mut deadlines = Vec::new();
-        for _ in 0..5 {
+        for _ in 0..3 {
             d.connect("t".into()).unwrap();
             let mut s = d.inner.borrow_mut();
             let now = s.clock.now();
@@ -1103,8 +1102,12 @@ mod tests {
             // Rounded to seconds: the clock moves on between the two readings.
             deadlines.push((at.ms_since(now) + 500) / 1000);
             s.drop_socket(); // as the timer does at the deadline
+            assert!(
+                s.socket.is_none() && s.reconnect_at.is_some(),
+                "a backoff wait follows"
+            );
         }
-        assert_eq!(deadlines, [10, 20, 30, 40, 40]);
+        assert_eq!(deadlines, [15, 15, 15]);
         d.close();
     }
 
