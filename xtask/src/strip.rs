@@ -120,7 +120,6 @@ fn sections(wasm: &[u8]) -> Result<Vec<Section>, String> {
 /// Functions of the standard library that never return: each builds a panic message and calls
 /// the panic handler. Matched on the name with the crates' `[hash]` taken out.
 fn always_panics(name: &str) -> bool {
-    const PREFIXES: &[&str] = &["core::panicking::", "core::slice::index::slice_"];
     const EXACT: &[&str] = &[
         "core::option::expect_failed",
         "core::option::unwrap_failed",
@@ -134,9 +133,8 @@ fn always_panics(name: &str) -> bool {
         "__rustc::__rust_alloc_error_handler",
     ];
     let name = without_hashes(name);
-    let slice_fail = name.starts_with(PREFIXES[1]) && name.ends_with("_fail");
-    name.starts_with(PREFIXES[0])
-        || slice_fail
+    name.starts_with("core::panicking::")
+        || (name.starts_with("core::slice::index::slice_") && name.ends_with("_fail"))
         || EXACT.contains(&name.as_str())
         // `Vec::insert` / `Vec::remove`'s out-of-range index.
         || (name.starts_with("<alloc::vec::Vec<") && name.ends_with("::assert_failed"))
@@ -173,15 +171,17 @@ pub fn snip_panics(wasm: &[u8]) -> Result<(Vec<u8>, Vec<String>), String> {
         .iter()
         .find(|s| s.id == 10)
         .ok_or("the module has no code section")?;
-    let b = &wasm[code.body.clone()];
-    let (count, mut at) = leb128(b).ok_or("the code section's count is malformed")?;
+    let bad = || "the code section is malformed".to_string();
+    let mut r = Cursor {
+        b: &wasm[code.body.clone()],
+        at: 0,
+    };
+    let count = r.leb().ok_or_else(bad)?;
     let mut contents = leb128_bytes(count);
     let mut snipped = Vec::new();
     for f in 0..count {
-        let (size, n) = leb128(&b[at..]).ok_or("a function's size is malformed")?;
-        let body = at + n..at + n + size;
-        let body = b.get(body).ok_or("a function runs past its section")?;
-        at += n + size;
+        let size = r.leb().ok_or_else(bad)?;
+        let body = r.bytes(size).ok_or_else(bad)?;
         match names.get(&(imported + f)) {
             Some(name) if always_panics(name) => {
                 // No locals; `unreachable`; `end`.
@@ -341,12 +341,8 @@ mod tests {
     /// A module of one custom section holding `decoy` and one data section holding `data`.
     fn module(decoy: &[u8], data: &[u8]) -> Vec<u8> {
         let mut m = b"\0asm\x01\0\0\0".to_vec();
-        m.push(0);
-        m.push(decoy.len() as u8);
-        m.extend_from_slice(decoy);
-        m.push(11);
-        m.push(data.len() as u8);
-        m.extend_from_slice(data);
+        m.extend(section(0, decoy));
+        m.extend(section(11, data));
         m
     }
 
