@@ -126,6 +126,17 @@ impl LeaseState {
             LeaseState::Relinquished => "relinquished",
         }
     }
+
+    /// The lease once the page has slept or frozen: one held (or run out) cannot be trusted
+    /// until the next snapshot. [`HostView::handle_wake`] applies it; the browser driver reads
+    /// it for a sleep it has seen and not yet handed over.
+    pub fn after_wake(self) -> LeaseState {
+        if matches!(self, LeaseState::Held { .. } | LeaseState::Expired) {
+            LeaseState::Unknown
+        } else {
+            self
+        }
+    }
 }
 
 /// Something the SDK reports to the app (or to its driver).
@@ -553,9 +564,7 @@ impl HostView {
         self.stalls = 0;
         let first = now.add_ms(self.config.command_timeout_ms);
         self.resync_retry_at = self.resync_retry_at.map(|t| t.min(first));
-        if matches!(self.lease, LeaseState::Held { .. } | LeaseState::Expired) {
-            self.set_lease(LeaseState::Unknown);
-        }
+        self.set_lease(self.lease.after_wake());
         if matches!(self.phase, Phase::Live | Phase::Resyncing) {
             self.request_resync(now, false);
         }

@@ -20,9 +20,7 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use web_sys::WebSocket;
 
-use crate::core::{
-    Backoff, CommandError, Config, Event, HostView, Instant, LeaseState, Phase, SplitMix64,
-};
+use crate::core::{Backoff, CommandError, Config, Event, HostView, Instant, Phase, SplitMix64};
 use crate::protocol::json::{ToJson, Writer};
 use crate::protocol::{
     self, codec, Action, Assignment, Epoch, IdempotencyKey, Json, ParticipantId, RoomEvent, Seq,
@@ -802,10 +800,8 @@ impl Driver {
         // and a resync) already reads as such: a lease held across it is not trusted.
         let slept = s.clock.slept;
         let v = &s.view;
-        let lease = match v.lease_at(now) {
-            LeaseState::Held { .. } | LeaseState::Expired if slept => LeaseState::Unknown,
-            lease => lease,
-        };
+        let lease = v.lease_at(now);
+        let lease = if slept { lease.after_wake() } else { lease };
         let a = v.assignment();
         let mut w = Writer::new();
         w.open();
