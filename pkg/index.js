@@ -228,8 +228,10 @@ const TOKEN_WAIT_MS = 10_000;
 // A-Z a-z 0-9 - _ . : @). JSON.parse itself is looser than the codec's reader on what only a
 // broken server sends (a repeated key, 1e0 for 1, lone surrogates, deep nesting): README.
 const EVENT_HEAD = '{"v":1,"t":"event",';
-// At most 3 UTF-8 bytes per UTF-16 unit: a frame this long is surely within the 4 MiB limit.
-const EVENT_MAX = (4 << 20) / 3;
+// The codec's limit on a server frame, in UTF-8 bytes (MAX_SERVER_FRAME).
+const FRAME_MAX = 4 << 20;
+// At most 3 UTF-8 bytes per UTF-16 unit: a frame this long is surely within the limit.
+const EVENT_MAX = FRAME_MAX / 3;
 const ID = /^(?!\.\.?$)[\w.:@-]{1,128}$/;
 const id = (s) => typeof s === "string" && ID.test(s);
 /** An assignment's signed fields, in the order they are signed. */
@@ -506,7 +508,7 @@ export class Room {
     if (typeof data !== "string") return; // binary frames are not part of the protocol
     // Past the 4 MiB limit in UTF-16 units already (a UTF-8 byte or more each): refused here, as
     // the codec would, without first copying it into the wasm's memory (which never shrinks).
-    if (data.length > 4 << 20) {
+    if (data.length > FRAME_MAX) {
       return this._dispatch({ type: "error", code: "frame_too_large", message: "a frame from the server is too large" });
     }
     if (data.length <= EVENT_MAX && data.startsWith(EVENT_HEAD)) {

@@ -458,6 +458,13 @@ test("the join token is not on the room for a logger to print; bad arguments are
   }
 });
 
+/** A server-signed assignment as a peer relays it, signed with `privateKey` (the signed bytes
+ * written out here, not taken from the wrapper: the protocol's "hostlease/v1/assignment" lines). */
+async function signedRelay(privateKey, a) {
+  const bytes = new TextEncoder().encode(["hostlease/v1/assignment", a.room, a.host, a.session, a.epoch, a.seq, a.lease_ms, a.reason, a.issued_at].join("\n"));
+  return { ...a, sig: Buffer.from(await globalThis.crypto.subtle.sign({ name: "Ed25519" }, privateKey, bytes)).toString("base64url") };
+}
+
 test("a relay signed with a key published since the keys were read is verified after a refetch, at most once a minute", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
   const http = await import("node:http");
@@ -479,8 +486,7 @@ test("a relay signed with a key published since the keys were read is verified a
   room.on("relay", (r) => reasons.push(r.reason));
   const relay = async (kid, key, extra = {}) => {
     const a = { room: "r", host: "p", session: "s", epoch: 1, seq: 1, lease_ms: 1000, reason: "elected", issued_at: 0, kid };
-    const bytes = new TextEncoder().encode(["hostlease/v1/assignment", a.room, a.host, a.session, a.epoch, a.seq, a.lease_ms, a.reason, a.issued_at].join("\n"));
-    await room._onRelay("peer", { ...extra, ...a, sig: b64url(await subtle.sign({ name: "Ed25519" }, key.privateKey, bytes)) });
+    await room._onRelay("peer", { ...extra, ...(await signedRelay(key.privateKey, a)) });
   };
   // A field nobody signed, nested deeper than JSON.stringify can go: not passed on.
   let deep = {};
@@ -535,11 +541,9 @@ test("where WebCrypto has no Ed25519, relays are ignored and one RelayUnsupporte
     const relays = [];
     room.on("error", (e) => errors.push([e.constructor.name, e.code]));
     room.on("relay", (r) => relays.push([r.accepted, r.reason]));
-    const a = { room: "r", host: "p", session: "s", epoch: 7, seq: 7, lease_ms: 1000, reason: "elected", issued_at: 0, kid: "k1" };
-    const bytes = new TextEncoder().encode(["hostlease/v1/assignment", a.room, a.host, a.session, a.epoch, a.seq, a.lease_ms, a.reason, a.issued_at].join("\n"));
-    const sig = Buffer.from(await subtle.sign({ name: "Ed25519" }, key.privateKey, bytes)).toString("base64url");
-    await room._onRelay("peer", { ...a, sig });
-    await room._onRelay("peer", { ...a, sig });
+    const relay = await signedRelay(key.privateKey, { room: "r", host: "p", session: "s", epoch: 7, seq: 7, lease_ms: 1000, reason: "elected", issued_at: 0, kid: "k1" });
+    await room._onRelay("peer", relay);
+    await room._onRelay("peer", relay);
     assert.deepEqual(relays, [[false, "unsupported"], [false, "unsupported"]]);
     assert.deepEqual(errors, [["ProtocolError", "RelayUnsupported"]], "one warning, not one per relay");
     assert.equal(room.view.epoch, null, "an unverified relay reached the view");
