@@ -404,7 +404,27 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
             .arg("-o")
             .arg(&wasm),
     )?;
+    eprintln!("\n==> short import and export names (wasm-opt; the glue renamed to match)");
+    let report = output(
+        Command::new(tools::node_bin(root, "wasm-opt"))
+            .arg("--minify-imports-and-exports-and-modules")
+            .args([
+                "--strip-debug",
+                "--strip-producers",
+                "--strip-target-features",
+            ])
+            .args(tools::WASM_FEATURES)
+            .arg(&wasm)
+            .arg("-o")
+            .arg(&wasm),
+    )
+    .map_err(|e| format!("wasm-opt --minify-imports-and-exports-and-modules: {e}"))?;
     let mut bytes = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
+    let glue_path = out.join("hostlease.js");
+    let glue = std::fs::read_to_string(&glue_path)
+        .map_err(|e| format!("read {}: {e}", glue_path.display()))?;
+    let glue = minify::rename_in_glue(&glue, &minify::parse_report(&report)?, &bytes)?;
+    std::fs::write(&glue_path, glue).map_err(|e| format!("write {}: {e}", glue_path.display()))?;
     let zeroed = strip::zero_panic_text(&mut bytes)?;
     std::fs::write(&wasm, &bytes).map_err(|e| format!("write {}: {e}", wasm.display()))?;
     eprintln!("\n==> panic text zeroed: {zeroed} bytes (xtask/src/strip.rs)");
@@ -508,6 +528,7 @@ fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
     Ok(())
 }
 
+mod minify;
 mod pkg;
 mod sizes;
 mod strip;

@@ -87,13 +87,13 @@ fn data_section(wasm: &[u8]) -> Result<Range<usize>, String> {
 }
 
 /// One section of a module: its id, where it starts (its id byte) and its contents.
-struct Section {
+pub struct Section {
     id: u8,
     start: usize,
     body: Range<usize>,
 }
 
-fn sections(wasm: &[u8]) -> Result<Vec<Section>, String> {
+pub fn sections(wasm: &[u8]) -> Result<Vec<Section>, String> {
     if wasm.get(..4) != Some(b"\0asm") || wasm.len() < 8 {
         return Err("not a wasm module".into());
     }
@@ -207,23 +207,32 @@ pub fn snip_panics(wasm: &[u8]) -> Result<(Vec<u8>, Vec<String>), String> {
 
 /// How many functions the import section brings in (they come first in the index space).
 fn imported_functions(wasm: &[u8], secs: &[Section]) -> Result<usize, String> {
-    let Some(imports) = secs.iter().find(|s| s.id == 2) else {
-        return Ok(0);
+    Ok(imports(wasm, secs)?.iter().filter(|i| i.kind == 0).count())
+}
+
+/// One entry of the import section.
+pub struct Import {
+    pub module: String,
+    pub name: String,
+    /// 0 function, 1 table, 2 memory, 3 global, 4 tag.
+    pub kind: u8,
+}
+
+/// The import section's entries, in order.
+pub fn imports(wasm: &[u8], secs: &[Section]) -> Result<Vec<Import>, String> {
+    let Some(section) = secs.iter().find(|s| s.id == 2) else {
+        return Ok(Vec::new());
     };
-    let b = &wasm[imports.body.clone()];
+    let b = &wasm[section.body.clone()];
     let bad = || "the import section is malformed".to_string();
     let mut r = Cursor { b, at: 0 };
-    let mut funcs = 0;
+    let mut out = Vec::new();
     for _ in 0..r.leb().ok_or_else(bad)? {
-        for _ in 0..2 {
-            let len = r.leb().ok_or_else(bad)?;
-            r.skip(len).ok_or_else(bad)?;
-        }
-        match r.byte().ok_or_else(bad)? {
-            0 => {
-                r.leb().ok_or_else(bad)?;
-                funcs += 1;
-            }
+        let module = r.name().ok_or_else(bad)?;
+        let name = r.name().ok_or_else(bad)?;
+        let kind = r.byte().ok_or_else(bad)?;
+        match kind {
+            0 => r.leb().map(drop).ok_or_else(bad)?,
             1 => {
                 r.byte().ok_or_else(bad)?;
                 r.limits().ok_or_else(bad)?;
@@ -236,8 +245,28 @@ fn imported_functions(wasm: &[u8], secs: &[Section]) -> Result<usize, String> {
             }
             k => return Err(format!("an import of unknown kind {k}")),
         }
+        out.push(Import { module, name, kind });
     }
-    Ok(funcs)
+    Ok(out)
+}
+
+/// The export section's names, in order.
+pub fn exports(wasm: &[u8], secs: &[Section]) -> Result<Vec<String>, String> {
+    let Some(section) = secs.iter().find(|s| s.id == 7) else {
+        return Ok(Vec::new());
+    };
+    let bad = || "the export section is malformed".to_string();
+    let mut r = Cursor {
+        b: &wasm[section.body.clone()],
+        at: 0,
+    };
+    let mut out = Vec::new();
+    for _ in 0..r.leb().ok_or_else(bad)? {
+        out.push(r.name().ok_or_else(bad)?);
+        r.byte().ok_or_else(bad)?;
+        r.leb().ok_or_else(bad)?;
+    }
+    Ok(out)
 }
 
 /// The name section's function names, by function index.
@@ -298,6 +327,11 @@ impl<'a> Cursor<'a> {
     }
     fn skip(&mut self, n: usize) -> Option<()> {
         self.bytes(n).map(drop)
+    }
+    /// A name: its length, then as many bytes of UTF-8.
+    fn name(&mut self) -> Option<String> {
+        let len = self.leb()?;
+        String::from_utf8(self.bytes(len)?.to_vec()).ok()
     }
     /// A table's or memory's limits: flags, minimum, and a maximum when flag 1 is set.
     fn limits(&mut self) -> Option<()> {

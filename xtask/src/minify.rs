@@ -1,0 +1,339 @@
+//! Short names for what the `.wasm` and its JS glue call each other by.
+//!
+//! wasm-bindgen names an import after the JS it calls plus a hash
+//! (`__wbg_addEventListener_847fd86b8c33ec43`, 23 of them) and an export after the Rust item
+//! (`driver_handleFrame`, `__wbindgen_malloc`, 27): about 1.4 KB of names, each written once in
+//! the `.wasm` and again in the glue, where the hashes do not compress. wasm-opt's
+//! `--minify-imports-and-exports-and-modules` renames them in the `.wasm` (`a`, `b`, ...; the
+//! module too) and prints what it renamed; [`rename_in_glue`] makes the same renames in the
+//! glue. About 800 bytes brotli, shared by the two files.
+//!
+//! Strict: a report line it does not know, an import the glue does not define exactly once, or a
+//! `wasm.<export>` in the renamed glue that the module lacks is an error, so that a change in
+//! wasm-bindgen's or wasm-opt's output stops the build instead of shipping a glue that cannot
+//! link. The browser and Node suites then run the renamed pair.
+
+use crate::strip::{exports, imports, sections};
+use std::collections::{HashMap, HashSet};
+
+/// wasm-opt's report of the renames.
+#[derive(Debug, PartialEq)]
+pub struct Renames {
+    /// (module, old name, new name) per import.
+    pub imports: Vec<(String, String, String)>,
+    /// (old name, new name) per export.
+    pub exports: Vec<(String, String)>,
+}
+
+/// Reads the report wasm-opt prints: `{ "imports": [ [module, old, new], ... ], "exports":
+/// [ [old, new], ... ] }`, one entry per line.
+pub fn parse_report(text: &str) -> Result<Renames, String> {
+    let mut out = Renames {
+        imports: Vec::new(),
+        exports: Vec::new(),
+    };
+    let mut part = None;
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        match line {
+            "{" | "}" | "]," | "]" => continue,
+            r#""imports": ["# => part = Some(3),
+            r#""exports": ["# => part = Some(2),
+            _ => {
+                let entry = line.strip_suffix(',').unwrap_or(line);
+                let inner = entry
+                    .strip_prefix('[')
+                    .and_then(|e| e.strip_suffix(']'))
+                    .ok_or_else(|| format!("wasm-opt's rename report: unexpected line {line:?}"))?;
+                let strings: Vec<&str> = inner
+                    .split(", ")
+                    .map(|s| unquote(s))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| {
+                        format!("wasm-opt's rename report: unexpected entry {line:?}")
+                    })?;
+                match (part, strings.as_slice()) {
+                    (Some(3), &[m, old, new]) if ident(old) && ident(new) => {
+                        out.imports.push((m.into(), old.into(), new.into()))
+                    }
+                    (Some(2), &[old, new]) if ident(old) && ident(new) => {
+                        out.exports.push((old.into(), new.into()))
+                    }
+                    _ => {
+                        return Err(format!(
+                            "wasm-opt's rename report: unexpected entry {line:?}"
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    if out.imports.is_empty() || out.exports.is_empty() {
+        return Err("wasm-opt's rename report names no imports or no exports".into());
+    }
+    Ok(out)
+}
+
+fn unquote(s: &str) -> Option<&str> {
+    let s = s.strip_prefix('"')?.strip_suffix('"')?;
+    (!s.contains(['"', '\\'])).then_some(s)
+}
+
+fn is_ident_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$'
+}
+
+fn ident(s: &str) -> bool {
+    !s.is_empty() && !s.as_bytes()[0].is_ascii_digit() && s.bytes().all(is_ident_char)
+}
+
+/// The glue with the renames of `report` applied: each import's key in the imports object, the
+/// module's key, and every `wasm.<export>`. `renamed` is the module wasm-opt wrote, checked
+/// against the report and against what the renamed glue calls.
+pub fn rename_in_glue(glue: &str, report: &Renames, renamed: &[u8]) -> Result<String, String> {
+    let secs = sections(renamed)?;
+    let wasm_imports = imports(renamed, &secs)?;
+    let wasm_exports: HashSet<String> = exports(renamed, &secs)?.into_iter().collect();
+    let new_module = match wasm_imports.first() {
+        Some(i) if wasm_imports.iter().all(|j| j.module == i.module) => &i.module,
+        _ => return Err("the renamed module's imports are not all from one module".into()),
+    };
+    let mut old_modules: Vec<&str> = report.imports.iter().map(|(m, ..)| m.as_str()).collect();
+    old_modules.dedup();
+    let [old_module] = old_modules[..] else {
+        return Err(format!(
+            "the report names {} import modules, not one",
+            old_modules.len()
+        ));
+    };
+    let reported: HashSet<&str> = report.imports.iter().map(|(_, _, n)| n.as_str()).collect();
+    let actual: HashSet<&str> = wasm_imports.iter().map(|i| i.name.as_str()).collect();
+    if reported != actual
+        || report
+            .exports
+            .iter()
+            .any(|(_, n)| !wasm_exports.contains(n))
+    {
+        return Err("wasm-opt's rename report does not match the module it wrote".into());
+    }
+    let import_map: HashMap<&str, &str> = report
+        .imports
+        .iter()
+        .map(|(_, o, n)| (o.as_str(), n.as_str()))
+        .collect();
+    let export_map: HashMap<&str, &str> = report
+        .exports
+        .iter()
+        .map(|(o, n)| (o.as_str(), n.as_str()))
+        .collect();
+
+    // The module's key, exactly once.
+    let module_key = format!("\"{old_module}\":");
+    if glue.matches(&module_key).count() != 1 {
+        return Err(format!(
+            "the glue does not name the import module {old_module:?} exactly once"
+        ));
+    }
+    let glue = glue.replacen(&module_key, &format!("\"{new_module}\":"), 1);
+
+    // One pass over the identifiers, so that no name is renamed twice.
+    let b = glue.as_bytes();
+    let mut out = String::with_capacity(glue.len());
+    let mut keys_renamed: HashMap<&str, usize> = HashMap::new();
+    let mut calls = Vec::new();
+    let (mut i, mut copied) = (0, 0);
+    while i < b.len() {
+        if !is_ident_char(b[i]) || (i > 0 && is_ident_char(b[i - 1])) {
+            i += 1;
+            continue;
+        }
+        let end = i + b[i..].iter().take_while(|&&c| is_ident_char(c)).count();
+        let word = &glue[i..end];
+        let after_wasm =
+            i >= 5 && &glue[i - 5..i] == "wasm." && (i == 5 || !is_ident_char(b[i - 6]));
+        let new = if after_wasm {
+            let new = export_map.get(word).copied();
+            calls.push(new.unwrap_or(word).to_string());
+            new
+        } else if b.get(end) == Some(&b':') {
+            import_map
+                .get(word)
+                .copied()
+                .inspect(|_| *keys_renamed.entry(word).or_default() += 1)
+        } else {
+            None
+        };
+        if let Some(new) = new {
+            out.push_str(&glue[copied..i]);
+            out.push_str(new);
+            copied = end;
+        }
+        i = end;
+    }
+    out.push_str(&glue[copied..]);
+
+    if let Some((_, old, _)) = report
+        .imports
+        .iter()
+        .find(|(_, old, _)| keys_renamed.get(old.as_str()) != Some(&1))
+    {
+        return Err(format!(
+            "the glue does not define the import {old} exactly once"
+        ));
+    }
+    if let Some(missing) = calls.iter().find(|c| !wasm_exports.contains(c.as_str())) {
+        return Err(format!(
+            "the renamed glue calls wasm.{missing}, which the module does not export"
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REPORT: &str = r#"{
+ "imports": [
+  ["./m_bg.js", "__wbg_send_cd51063ca1be4d0f", "a"],
+  ["./m_bg.js", "__wbindgen_init_externref_table", "b"]
+ ],
+"exports": [
+  ["driver_new", "A"],
+  ["memory", "x"],
+  ["__wbindgen_unused", "B"]
+ ]
+}
+"#;
+
+    const GLUE: &str = r#"function imports() {
+    const import0 = {
+        __wbg_send_cd51063ca1be4d0f: function(a0, a1) { a0.send(s(a1)); },
+        __wbindgen_init_externref_table: function() { const t = wasm.__wbindgen_externrefs; },
+    };
+    return { "./m_bg.js": import0 };
+}
+export class Driver { constructor() { this.p = wasm.driver_new(); } }
+const mem = () => wasm.memory.buffer; const driver_new = 1; const o = { memory: 2 };
+"#;
+
+    /// A module importing `names` from module `m` and exporting `exports` (all functions of
+    /// type 0; nothing is checked past the two sections).
+    fn module(m: &str, names: &[&str], exports: &[&str]) -> Vec<u8> {
+        let name = |s: &str| {
+            let mut v = vec![s.len() as u8];
+            v.extend_from_slice(s.as_bytes());
+            v
+        };
+        let section = |id: u8, entries: Vec<Vec<u8>>| {
+            let mut body = vec![entries.len() as u8];
+            entries.iter().for_each(|e| body.extend(e));
+            let mut s = vec![id, body.len() as u8];
+            s.extend(body);
+            s
+        };
+        let mut out = b"\0asm\x01\0\0\0".to_vec();
+        out.extend(section(
+            2,
+            names
+                .iter()
+                .map(|n| [name(m), name(n), vec![0, 0]].concat())
+                .collect(),
+        ));
+        out.extend(section(
+            7,
+            exports
+                .iter()
+                .map(|n| [name(n), vec![0, 0]].concat())
+                .collect(),
+        ));
+        out
+    }
+
+    #[test]
+    fn the_report_is_read_strictly() {
+        let r = parse_report(REPORT).unwrap();
+        assert_eq!(
+            r.imports[1],
+            (
+                "./m_bg.js".into(),
+                "__wbindgen_init_externref_table".into(),
+                "b".into()
+            )
+        );
+        assert_eq!(
+            r.exports,
+            [
+                ("driver_new".into(), "A".into()),
+                ("memory".into(), "x".into()),
+                ("__wbindgen_unused".into(), "B".into())
+            ]
+        );
+        for bad in [
+            REPORT.replace(r#""a"]"#, r#""a", "z"]"#),
+            REPORT.replace(r#""A"]"#, r#""A b"]"#),
+            REPORT.replace("\"exports\": [", "\"other\": ["),
+            REPORT.replace(r#""x"]"#, r#""x\"y"]"#),
+            "{\n}\n".to_string(),
+        ] {
+            assert!(parse_report(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_glue_gets_the_same_renames_and_nothing_else() {
+        let r = parse_report(REPORT).unwrap();
+        let wasm = module("a", &["a", "b"], &["A", "x", "B", "__wbindgen_externrefs"]);
+        let glue = rename_in_glue(GLUE, &r, &wasm).unwrap();
+        assert_eq!(
+            glue,
+            GLUE.replace("__wbg_send_cd51063ca1be4d0f:", "a:")
+                .replace("__wbindgen_init_externref_table:", "b:")
+                .replace("\"./m_bg.js\":", "\"a\":")
+                .replace("wasm.driver_new()", "wasm.A()")
+                .replace("wasm.memory.buffer", "wasm.x.buffer")
+        );
+        // Names that are not imports' keys or calls into the module stay (`driver_new = 1`,
+        // `{ memory: 2 }`), and an export the report renames but the glue never calls is fine.
+        assert!(glue.contains("const driver_new = 1") && glue.contains("{ memory: 2 }"));
+    }
+
+    #[test]
+    fn a_glue_or_module_that_does_not_match_the_report_is_an_error() {
+        let r = parse_report(REPORT).unwrap();
+        let wasm = module("a", &["a", "b"], &["A", "x", "B", "__wbindgen_externrefs"]);
+        let cases = [
+            // An import the glue does not define, or defines twice.
+            (
+                GLUE.replace("__wbg_send_cd51063ca1be4d0f:", "other:"),
+                wasm.clone(),
+            ),
+            (
+                GLUE.replace(
+                    "const import0 = {",
+                    "const import0 = { __wbg_send_cd51063ca1be4d0f: 1,",
+                ),
+                wasm.clone(),
+            ),
+            // The module key missing.
+            (
+                GLUE.replace("\"./m_bg.js\":", "\"./other.js\":"),
+                wasm.clone(),
+            ),
+            // The glue calls an export the module lacks.
+            (GLUE.replace("wasm.memory", "wasm.table"), wasm.clone()),
+            (GLUE.to_string(), module("a", &["a", "b"], &["A", "x", "B"])),
+            // The module's imports are not the report's.
+            (
+                GLUE.to_string(),
+                module("a", &["a", "c"], &["A", "x", "B", "__wbindgen_externrefs"]),
+            ),
+            (
+                GLUE.to_string(),
+                module("a", &["a", "b"], &["A", "x", "__wbindgen_externrefs"]),
+            ),
+        ];
+        for (glue, wasm) in cases {
+            assert!(rename_in_glue(&glue, &r, &wasm).is_err(), "{glue}");
+        }
+    }
+}
