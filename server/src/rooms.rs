@@ -86,9 +86,6 @@ pub struct RoomState {
     pub conns: HashMap<SessionId, Outlet>,
     pub next_join: u64,
     pub closed: bool,
-    /// A forced grant's epoch and when the lease it took away runs out: its holder is probed
-    /// (given authority) no sooner, as the old holder may not know yet.
-    pub fence: Option<(Epoch, tokio::time::Instant)>,
     /// Presence changes not yet sent (see [`Room::announce`]).
     presence: PresenceQueue,
 }
@@ -129,7 +126,6 @@ impl Room {
                 seq: Seq::ZERO,
                 members: Vec::new(),
                 lapsed: HashSet::new(),
-                fence: None,
                 conns: HashMap::new(),
                 next_join: 1,
                 closed: false,
@@ -522,44 +518,11 @@ impl App {
         old: Option<&RoomRow>,
         correlation: &str,
     ) -> Result<Option<SignedAssignment>, StoreError> {
-        // A forced grant takes the role from a holder whose lease may still run: its successor is
-        // probed once that has run out (see `Conn::probe`). Fenced before the commit, from the
-        // old row (the successor may hear of its grant before this task goes on), then exactly,
-        // from what the store added to the new lease.
-        let hub = req
-            .forced()
-            .then(|| {
-                self.rooms
-                    .lock()
-                    .expect("rooms lock")
-                    .get(&req.room)
-                    .cloned()
-            })
-            .flatten();
-        let fence = |epoch: Epoch, ms: u64| {
-            if let Some(hub) = &hub {
-                hub.state.lock().expect("room lock").fence = Some((
-                    epoch,
-                    tokio::time::Instant::now() + Duration::from_millis(ms),
-                ));
-            }
-        };
-        if let Some(old) = old.filter(|o| o.host.is_some()) {
-            fence(
-                req.expected_epoch.next(),
-                old.lease_expires.saturating_sub(old.now),
-            );
-        }
+        // A forced grant takes the role from a holder whose lease may still run: the store fences
+        // its successor until that has run out, on the store clock (`Store::renew` confirms
+        // nothing before, and a snapshot tells of no lease: `RoomRow::lease_held`).
         match self.store.grant(req.clone(), &self.keys).await? {
-            GrantOutcome::Won {
-                assignment,
-                lease_expires,
-            } => {
-                let a = &assignment.assignment;
-                fence(
-                    a.epoch,
-                    lease_expires.saturating_sub(a.issued_at.0 + a.lease_ms),
-                );
+            GrantOutcome::Won { assignment } => {
                 // Logged before it is published: its line comes before any client hears of it.
                 log_reassign(
                     old.and_then(|r| r.host.as_ref()),

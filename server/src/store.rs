@@ -86,6 +86,9 @@ pub struct RoomRow {
     pub epoch: Epoch,
     pub seq: Seq,
     pub lease_expires: u64,
+    /// Until when (store clock) a forced grant's holder is not confirmed: the lease it took away
+    /// runs until then. 0: no fence.
+    pub fenced_until: u64,
     pub current: Option<SignedAssignment>,
     pub closed: bool,
     /// The store clock when the row was read.
@@ -96,6 +99,20 @@ impl RoomRow {
     pub fn lease_live(&self) -> bool {
         self.host.is_some() && self.lease_expires > self.now
     }
+
+    /// The holder's lease is live and it may act on it: not fenced.
+    pub fn lease_held(&self) -> bool {
+        self.lease_live() && self.fenced_until <= self.now
+    }
+}
+
+/// What a lease renewal did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewed {
+    /// Renewed: the new expiry on the store clock and the TTL used.
+    Until { expires: u64, lease_ms: u64 },
+    /// Not renewed yet: the grant was forced, and the lease it took away runs this many ms more.
+    Fenced { ms: u64 },
 }
 
 /// A request to commit a new assignment by compare-and-swap on `expected_epoch`.
@@ -125,7 +142,6 @@ impl GrantReq {
 pub enum GrantOutcome {
     Won {
         assignment: SignedAssignment,
-        lease_expires: u64,
     },
     /// Zero rows changed: someone else committed first (or the lease is still live).
     Lost(Box<RoomRow>),
@@ -235,8 +251,8 @@ pub trait Store: Send + Sync + 'static {
     async fn now_ms(&self) -> StoreResult<u64>;
     async fn room(&self, room: &RoomId) -> StoreResult<Option<RoomRow>>;
     async fn grant(&self, req: GrantReq, signer: &Keypair) -> StoreResult<GrantOutcome>;
-    /// Renews a live lease by the room's TTL (`lease_ms` unless the room overrides it); returns
-    /// the new expiry on the store clock and the TTL used, `None` if the lease was not live.
+    /// Renews a live lease by the room's TTL (`lease_ms` unless the room overrides it); `None`
+    /// if the lease was not live, `Fenced` (nothing renewed) while a forced grant's fence holds.
     async fn renew(
         &self,
         room: &RoomId,
@@ -244,7 +260,7 @@ pub trait Store: Send + Sync + 'static {
         host: &ParticipantId,
         session: &SessionId,
         lease_ms: u64,
-    ) -> StoreResult<Option<(u64, u64)>>;
+    ) -> StoreResult<Option<Renewed>>;
     /// Closes a room that is already hostless at `epoch` without a grant (hostless → hostless
     /// does not move the epoch). `false`: the row changed meanwhile.
     async fn close_hostless(&self, room: &RoomId, epoch: Epoch) -> StoreResult<bool>;
@@ -357,6 +373,7 @@ fn room_from_row(room: &RoomId, r: &sqlx::sqlite::SqliteRow) -> RoomRow {
         epoch: Epoch(r.get::<i64, _>("epoch") as u64),
         seq: Seq(r.get::<i64, _>("seq") as u64),
         lease_expires: r.get::<i64, _>("lease_expires") as u64,
+        fenced_until: r.get::<i64, _>("fenced_until") as u64,
         current: r
             .get::<Option<String>, _>("current")
             .and_then(|s| stored(&s).ok()),
@@ -367,7 +384,8 @@ fn room_from_row(room: &RoomId, r: &sqlx::sqlite::SqliteRow) -> RoomRow {
 
 async fn read_room(c: &mut SqliteConnection, room: &RoomId) -> StoreResult<Option<RoomRow>> {
     let q = format!(
-        "SELECT host, session, epoch, seq, lease_expires, current, closed, {NOW} AS now FROM rooms WHERE room = ?"
+        "SELECT host, session, epoch, seq, lease_expires, fenced_until, current, closed, {NOW} AS now \
+         FROM rooms WHERE room = ?"
     );
     let r = sqlx::query(&q)
         .bind(room.as_str())
@@ -430,15 +448,17 @@ async fn grant_in_tx(
     } else {
         String::new()
     };
-    // A forced grant's new lease is extended by what is left of the old one (`App::grant`
-    // records the fence the new holder's first probe waits for). SET expressions read the old row.
+    // A forced grant fences the new holder until the old lease runs out (a renewal confirms
+    // nothing before), and extends its lease by as much, so that it does not lapse meanwhile.
+    // SET expressions read the old row.
     let q = format!(
         "UPDATE rooms SET host = ?, session = ?, epoch = epoch + 1, seq = seq + 1, \
          lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE {NOW} + COALESCE(ttl_ms, ?) \
          + CASE WHEN ? AND host IS NOT NULL THEN MAX(0, lease_expires - {NOW}) ELSE 0 END END, \
+         fenced_until = CASE WHEN ? AND host IS NOT NULL THEN lease_expires ELSE 0 END, \
          lease_ms = COALESCE(ttl_ms, ?), closed = closed OR ? \
          WHERE room = ? AND epoch = ? AND (closed = 0 OR ?){lapsed} \
-         RETURNING epoch, seq, lease_expires, lease_ms, {NOW} AS now"
+         RETURNING epoch, seq, lease_ms, {NOW} AS now"
     );
     let (host, session) = match &req.holder {
         Some((h, s)) => (Some(h.as_str()), Some(s.as_str())),
@@ -449,6 +469,7 @@ async fn grant_in_tx(
         .bind(session)
         .bind(host)
         .bind(req.lease_ms as i64)
+        .bind(req.forced())
         .bind(req.forced())
         .bind(req.lease_ms as i64)
         .bind(req.close)
@@ -466,7 +487,6 @@ async fn grant_in_tx(
     };
     let epoch = Epoch(row.get::<i64, _>("epoch") as u64);
     let seq = Seq(row.get::<i64, _>("seq") as u64);
-    let lease_expires = row.get::<i64, _>("lease_expires") as u64;
     let lease_ms = row.get::<i64, _>("lease_ms") as u64;
     let now = row.get::<i64, _>("now") as u64;
     let a = Assignment {
@@ -496,10 +516,7 @@ async fn grant_in_tx(
         now,
     )
     .await?;
-    Ok(GrantOutcome::Won {
-        assignment: signed,
-        lease_expires,
-    })
+    Ok(GrantOutcome::Won { assignment: signed })
 }
 
 /// A command's checks and effect inside the caller's open transaction. The flag says whether
@@ -697,11 +714,13 @@ struct Renewal {
     lease_ms: u64,
 }
 
-async fn renew_in_tx(c: &mut SqliteConnection, r: &Renewal) -> StoreResult<Option<(u64, u64)>> {
+async fn renew_in_tx(c: &mut SqliteConnection, r: &Renewal) -> StoreResult<Option<Renewed>> {
+    let held = format!(
+        "WHERE room = ? AND epoch = ? AND host = ? AND session = ? AND lease_expires > {NOW}"
+    );
     let q = format!(
         "UPDATE rooms SET lease_expires = {NOW} + COALESCE(ttl_ms, ?) \
-         WHERE room = ? AND epoch = ? AND host = ? AND session = ? AND lease_expires > {NOW} \
-         RETURNING lease_expires, COALESCE(ttl_ms, ?)"
+         {held} AND fenced_until <= {NOW} RETURNING lease_expires, COALESCE(ttl_ms, ?)"
     );
     let row: Option<(i64, i64)> = sqlx::query_as(&q)
         .bind(r.lease_ms as i64)
@@ -712,7 +731,23 @@ async fn renew_in_tx(c: &mut SqliteConnection, r: &Renewal) -> StoreResult<Optio
         .bind(r.lease_ms as i64)
         .fetch_optional(&mut *c)
         .await?;
-    Ok(row.map(|(e, t)| (e as u64, t as u64)))
+    if let Some((expires, lease_ms)) = row {
+        return Ok(Some(Renewed::Until {
+            expires: expires as u64,
+            lease_ms: lease_ms as u64,
+        }));
+    }
+    // Not renewed: the lease is gone, or still fenced.
+    let fenced: Option<i64> = sqlx::query_scalar(&format!(
+        "SELECT fenced_until - {NOW} FROM rooms {held} AND fenced_until > {NOW}"
+    ))
+    .bind(r.room.as_str())
+    .bind(r.epoch.0 as i64)
+    .bind(r.host.as_str())
+    .bind(r.session.as_str())
+    .fetch_optional(&mut *c)
+    .await?;
+    Ok(fenced.map(|ms| Renewed::Fenced { ms: ms as u64 }))
 }
 
 async fn remember_in_tx(
@@ -751,7 +786,7 @@ enum Job {
     },
     Renew {
         renewal: Renewal,
-        reply: Reply<Option<(u64, u64)>>,
+        reply: Reply<Option<Renewed>>,
     },
     /// A participant seen for the first time (for the offline inbox).
     Remember {
@@ -885,7 +920,7 @@ async fn run_group(
             }
             Job::Renew { renewal, reply } => {
                 let r = renew_in_tx(&mut tx, &renewal).await;
-                let keep = matches!(r, Ok(Some(_)));
+                let keep = matches!(r, Ok(Some(Renewed::Until { .. })));
                 (answer(reply, r), keep)
             }
             Job::Remember {
@@ -1055,7 +1090,7 @@ impl Store for SqliteStore {
         host: &ParticipantId,
         session: &SessionId,
         lease_ms: u64,
-    ) -> StoreResult<Option<(u64, u64)>> {
+    ) -> StoreResult<Option<Renewed>> {
         let renewal = Renewal {
             room: room.clone(),
             epoch,

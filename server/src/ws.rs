@@ -31,7 +31,7 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::BroadcastStream;
 
 use crate::rooms::{correlation_id, App, Bcast, Direct, Room};
-use crate::store::{CommandDone, CommandReq, Pending};
+use crate::store::{CommandDone, CommandReq, Pending, Renewed};
 use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
 
 /// A connection's commands being decided at once at most; past it, the connection's next frame
@@ -719,7 +719,9 @@ impl Conn {
         let names_me = snapshot.current.assignment.names(&self.me, &self.session);
         if names_me {
             if let Ok(Some(row)) = self.app.store.room(&self.room.id).await {
-                if row.epoch == snapshot.current.assignment.epoch && row.lease_live() {
+                // Not while fenced: the lease it is told of would be authority before the one
+                // it replaced has run out (its holder then learns it from a confirm).
+                if row.epoch == snapshot.current.assignment.epoch && row.lease_held() {
                     snapshot.lease_remaining_ms = Some(row.lease_expires - row.now);
                 }
             }
@@ -813,17 +815,6 @@ impl Conn {
             self.next_probe = None;
             return Flow::Continue;
         };
-        // The holder of a forced grant (an admin's reassign, a kick) is probed, so confirmed and
-        // given its host token, only once the lease taken away has run out: the old holder may
-        // not know yet (its connection cut), and acts as host until its own deadline.
-        let fence = match self.room.state.lock().expect("room lock").fence {
-            Some((e, until)) if e == epoch => Some(until),
-            _ => None,
-        };
-        if let Some(until) = fence.filter(|u| *u > Instant::now()) {
-            self.next_probe = Some(until);
-            return Flow::Continue;
-        }
         let nonce = {
             let mut b = [0u8; 8];
             getrandom::fill(&mut b).expect("random source");
@@ -882,7 +873,14 @@ impl Conn {
             )
             .await
         {
-            Ok(Some((expires, lease_ms))) => {
+            Ok(Some(Renewed::Fenced { ms })) => {
+                // A forced grant: the lease it took away runs `ms` more, and its holder may not
+                // know yet (its connection cut). No confirm, and so no authority, before then:
+                // probed again once it has run out.
+                self.next_probe = Some(Instant::now() + Duration::from_millis(ms));
+                Flow::Continue
+            }
+            Ok(Some(Renewed::Until { expires, lease_ms })) => {
                 self.host_ttl = lease_ms.max(3);
                 // A shorter lease than the one the next probe was planned for (the room's TTL
                 // was lowered): probe within a third of it, or the lease lapses before the

@@ -925,16 +925,9 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
     assert_eq!(vote(new, "new").await.unwrap().status(), 200);
 }
 
-/// The first probe of `epoch` to `r` (answering none before), and when it came (ms since the
-/// Unix epoch, the store clock's scale).
-async fn first_probe_at(r: &mut Raw, epoch: hostlease::protocol::Epoch) -> u64 {
-    r.until(|m| matches!(m, ServerMsg::LeaseProbe { epoch: e, .. } if *e == epoch).then_some(()))
-        .await;
-    hostlease_server::tokens::now_ms()
-}
-
-/// Answers probes until `r` holds a confirmed lease (a host capability came).
-async fn hold_lease(r: &mut Raw) {
+/// Answers probes until `r` holds a confirmed lease of `epoch` (a host capability came); when.
+/// Any earlier confirm of `epoch` (or capability, or probe of another epoch) fails the test.
+async fn confirmed_at(r: &mut Raw, epoch: hostlease::protocol::Epoch) -> u64 {
     loop {
         match r.until(|m| Some(m.clone())).await {
             ServerMsg::LeaseProbe { nonce, .. } => {
@@ -943,17 +936,23 @@ async fn hold_lease(r: &mut Raw) {
             }
             ServerMsg::Capability {
                 role: hostlease::protocol::Role::Host,
+                epoch: e,
                 ..
-            } => return,
+            } => {
+                assert_eq!(e, Some(epoch));
+                return hostlease_server::tokens::now_ms();
+            }
             _ => {}
         }
     }
 }
 
 /// A forced grant (an admin's reassign, a kick) is fenced: the host it replaces may not know yet
-/// (its connection cut) and acts as host until its own deadline, so the successor is probed, and
-/// so confirmed and given its host token, only once the lease taken away has run out on the
-/// server. It was probed at once: two tabs held `amHost` for up to a TTL.
+/// (its connection cut) and acts as host until its own deadline, so the successor's lease is
+/// confirmed, and it is given its host token, only once the lease taken away has run out on the
+/// server, as the store has it (`Store::renew` refuses until then). A resume meanwhile is not told
+/// of a lease either: its snapshot's `lease_remaining_ms` would be authority before that (it
+/// was the extended lease, and so `lease: held` at once).
 #[tokio::test]
 async fn a_forced_grant_waits_out_the_lease_it_takes_away() {
     let srv = start(hostlease_server::Config {
@@ -963,34 +962,47 @@ async fn a_forced_grant_waits_out_the_lease_it_takes_away() {
     .await;
     let room = RoomId::new("fence").unwrap();
     let mut a = srv.raw("fence", "alice", true).await;
-    hold_lease(&mut a).await;
+    a.until_host().await;
     let mut b = srv.raw("fence", "bob", true).await;
     b.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
         .await;
-    // Alice renewed within the last second (probes come every TTL/3): her lease has 2 s or more.
-    let before = srv.app.store.room(&room).await.unwrap().unwrap();
-    let r = reqwest::Client::new()
-        .post(format!("http://{}/v1/admin/rooms/fence/reassign", srv.addr))
-        .bearer_auth("admin-secret")
-        .json(&serde_json::json!({"to": "bob"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let probed = first_probe_at(&mut b, before.epoch.next()).await;
-    assert!(
-        probed + 20 >= before.lease_expires,
-        "bob probed {} ms before alice's lease ran out",
-        before.lease_expires - probed
-    );
-    hold_lease(&mut b).await;
-    // A kick of the host is fenced the same way; the successor is alice again.
-    let before = srv.app.store.room(&room).await.unwrap().unwrap();
-    assert_eq!(kick(srv.addr, "fence", "bob").await, 1);
-    let probed = first_probe_at(&mut a, before.epoch.next()).await;
-    assert!(
-        probed + 20 >= before.lease_expires,
-        "alice probed {} ms before bob's lease ran out",
-        before.lease_expires - probed
-    );
+    for (successor, replaced) in [(&mut b, "alice"), (&mut a, "bob")] {
+        // The host renewed within the last second (probes come every TTL/3): 2 s or more left.
+        let before = srv.app.store.room(&room).await.unwrap().unwrap();
+        let epoch = before.epoch.next();
+        if replaced == "alice" {
+            let r = reqwest::Client::new()
+                .post(format!("http://{}/v1/admin/rooms/fence/reassign", srv.addr))
+                .bearer_auth("admin-secret")
+                .json(&serde_json::json!({"to": "bob"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        } else {
+            assert_eq!(kick(srv.addr, "fence", "bob").await, 1);
+        }
+        let seq = successor
+            .until(|m| match m {
+                ServerMsg::Assignment(s) if s.assignment.epoch == epoch => Some(s.assignment.seq),
+                _ => None,
+            })
+            .await;
+        successor
+            .send(&hostlease::protocol::ClientMsg::Resume { cursor: seq })
+            .await;
+        let remaining = successor
+            .until(|m| match m {
+                ServerMsg::Welcome { snapshot, .. } => Some(snapshot.lease_remaining_ms),
+                _ => None,
+            })
+            .await;
+        assert_eq!(remaining, None, "a fenced lease was told in a snapshot");
+        let confirmed = confirmed_at(successor, epoch).await;
+        assert!(
+            confirmed + 20 >= before.lease_expires,
+            "confirmed {} ms before {replaced}'s lease ran out",
+            before.lease_expires - confirmed
+        );
+    }
 }

@@ -7,7 +7,7 @@ use hostlease::protocol::{
     Role, RoomId, Seq, SessionId,
 };
 use hostlease_server::store::{
-    CommandReq, GrantOutcome, GrantReq, SqliteStore, Store, INBOX_RETENTION_MS,
+    CommandReq, GrantOutcome, GrantReq, Renewed, SqliteStore, Store, INBOX_RETENTION_MS,
     PARTICIPANT_RETENTION_MS,
 };
 use hostlease_server::tokens::{CapClaims, Keypair};
@@ -53,7 +53,7 @@ enum Req {
 
 enum Got {
     Command(Outcome),
-    Renew(Option<(u64, u64)>),
+    Renew(Option<Renewed>),
 }
 
 #[tokio::test] // one thread: every request below is queued before the committer runs
@@ -140,7 +140,7 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
     assert_eq!(code(&got[20]), RejectCode::StaleEpoch);
     assert_eq!(code(&got[21]), RejectCode::IdempotencyConflict);
     assert_eq!(seq_of(&got[22]), 6, "the retry of k4 replays its outcome");
-    assert!(matches!(got[23], Got::Renew(Some(_))));
+    assert!(matches!(got[23], Got::Renew(Some(Renewed::Until { .. }))));
     assert!(matches!(got[24], Got::Renew(None)));
     for (i, g) in got[25..].iter().enumerate() {
         assert_eq!(seq_of(g), 22 + i as u64);
