@@ -131,10 +131,10 @@ pub struct GrantReq {
 
 impl GrantReq {
     /// An admin's reassign or a kick: it takes the role from a holder whose lease may still run
-    /// and who may not know yet, so the new holder is fenced until that lease has run out (the
-    /// store extends the new lease by as much; the hub holds off its first probe).
+    /// and who may not know yet, so no holder is confirmed until that lease has run out: the new
+    /// one, or (a grant to nobody) whoever is granted next.
     pub fn forced(&self) -> bool {
-        self.holder.is_some() && matches!(self.reason, Reason::Admin | Reason::Kicked)
+        matches!(self.reason, Reason::Admin | Reason::Kicked)
     }
 }
 
@@ -448,14 +448,20 @@ async fn grant_in_tx(
     } else {
         String::new()
     };
-    // A forced grant fences the new holder until the old lease runs out (a renewal confirms
-    // nothing before), and extends its lease by as much, so that it does not lapse meanwhile.
+    // The fence this grant leaves: a forced grant's holder (or whoever is granted next) is not
+    // confirmed before the lease it took away has run out, and no later grant lifts that (a
+    // successor who leaves at once is replaced by someone fenced the same). A renewal confirms
+    // nothing before; the new lease runs from the fence, so that it does not lapse meanwhile.
     // SET expressions read the old row.
+    let fence = if req.forced() {
+        "MAX(fenced_until, CASE WHEN host IS NOT NULL THEN lease_expires ELSE 0 END)"
+    } else {
+        "fenced_until"
+    };
     let q = format!(
         "UPDATE rooms SET host = ?, session = ?, epoch = epoch + 1, seq = seq + 1, \
-         lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE {NOW} + COALESCE(ttl_ms, ?) \
-         + CASE WHEN ? AND host IS NOT NULL THEN MAX(0, lease_expires - {NOW}) ELSE 0 END END, \
-         fenced_until = CASE WHEN ? AND host IS NOT NULL THEN lease_expires ELSE 0 END, \
+         lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE MAX({NOW}, {fence}) + COALESCE(ttl_ms, ?) END, \
+         fenced_until = {fence}, \
          lease_ms = COALESCE(ttl_ms, ?), closed = closed OR ? \
          WHERE room = ? AND epoch = ? AND (closed = 0 OR ?){lapsed} \
          RETURNING epoch, seq, lease_ms, {NOW} AS now"
@@ -469,8 +475,6 @@ async fn grant_in_tx(
         .bind(session)
         .bind(host)
         .bind(req.lease_ms as i64)
-        .bind(req.forced())
-        .bind(req.forced())
         .bind(req.lease_ms as i64)
         .bind(req.close)
         .bind(req.room.as_str())
@@ -718,8 +722,10 @@ async fn renew_in_tx(c: &mut SqliteConnection, r: &Renewal) -> StoreResult<Optio
     let held = format!(
         "WHERE room = ? AND epoch = ? AND host = ? AND session = ? AND lease_expires > {NOW}"
     );
+    // Never shorter than it was: the holder was told of the lease it had (a TTL lowered since
+    // applies from here on, as the confirm says), and a fence is taken from it.
     let q = format!(
-        "UPDATE rooms SET lease_expires = {NOW} + COALESCE(ttl_ms, ?) \
+        "UPDATE rooms SET lease_expires = MAX(lease_expires, {NOW} + COALESCE(ttl_ms, ?)) \
          {held} AND fenced_until <= {NOW} RETURNING lease_expires, COALESCE(ttl_ms, ?)"
     );
     let row: Option<(i64, i64)> = sqlx::query_as(&q)

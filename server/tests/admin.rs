@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use hostlease::core::Phase;
 use hostlease::protocol::{Epoch, ErrorCode, Reason, RoomId, ServerMsg};
-use hostlease_server::store::{GrantOutcome, GrantReq};
+use hostlease_server::store::{GrantOutcome, GrantReq, Renewed};
 
 #[tokio::test]
 async fn admin_reassign_kick_and_close() {
@@ -1005,4 +1005,110 @@ async fn a_forced_grant_waits_out_the_lease_it_takes_away() {
             before.lease_expires - confirmed
         );
     }
+}
+
+/// The fence of a forced grant holds for whoever is granted before the lease taken away has run
+/// out, not only for the grant's own holder: a kick of the only member is a grant to nobody, and
+/// the next member elected (reason `elected`) was confirmed at once; a successor who leaves at
+/// once is replaced (reason `left`) by someone who was confirmed at once. Both while the kicked
+/// or replaced host, cut off, may still act until its deadline.
+#[tokio::test]
+async fn a_fence_holds_for_every_grant_until_the_lease_taken_away_runs_out() {
+    let srv = start(hostlease_server::Config {
+        lease_ms: 3000,
+        ..test_config()
+    })
+    .await;
+    let http = reqwest::Client::new();
+
+    // A kick of the only member: nobody is granted; carol, who joins next, is elected.
+    let room = RoomId::new("fk").unwrap();
+    let mut a = srv.raw("fk", "alice", true).await;
+    a.until_host().await;
+    let before = srv.app.store.room(&room).await.unwrap().unwrap();
+    assert_eq!(kick(srv.addr, "fk", "alice").await, 1);
+    let mut c = srv.raw("fk", "carol", true).await;
+    let confirmed = confirmed_at(&mut c, Epoch(before.epoch.0 + 2)).await;
+    assert!(
+        confirmed + 20 >= before.lease_expires,
+        "carol confirmed {} ms before the kicked host's lease ran out",
+        before.lease_expires - confirmed
+    );
+
+    // A reassign to bob, who leaves at once: carol replaces him.
+    let room = RoomId::new("fl").unwrap();
+    let mut a = srv.raw("fl", "alice", true).await;
+    a.until_host().await;
+    let mut b = srv.raw("fl", "bob", true).await;
+    b.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    let before = srv.app.store.room(&room).await.unwrap().unwrap();
+    let r = http
+        .post(format!("http://{}/v1/admin/rooms/fl/reassign", srv.addr))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({"to": "bob"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Alice's connection is cut (she is no longer a member to elect); carol joins.
+    drop(a);
+    let mut c = srv.raw("fl", "carol", true).await;
+    c.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    b.send(&hostlease::protocol::ClientMsg::Leave).await;
+    let granted = c
+        .until(|m| match m {
+            ServerMsg::Assignment(s) if s.assignment.reason == Reason::Left => {
+                Some(s.assignment.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(granted.host.as_ref().map(|h| h.as_str()), Some("carol"));
+    let confirmed = confirmed_at(&mut c, granted.epoch).await;
+    assert!(
+        confirmed + 20 >= before.lease_expires,
+        "carol confirmed {} ms before the replaced host's lease ran out",
+        before.lease_expires - confirmed
+    );
+}
+
+/// A renewal never shortens a lease: the holder was told of the lease it had (it keeps the later
+/// deadline), so a TTL lowered since applies beyond it only. It used to set the expiry to now +
+/// the new TTL: a host whose connection then died lapsed, and its successor was confirmed, while
+/// the host still held its lease by the deadline it was given.
+#[tokio::test]
+async fn a_lowered_ttl_never_shortens_a_lease_already_confirmed() {
+    let srv = start(hostlease_server::Config {
+        lease_ms: 60_000,
+        ..test_config()
+    })
+    .await;
+    let room = RoomId::new("ttl-down").unwrap();
+    let mut a = srv.raw("ttl-down", "alice", true).await;
+    a.until_host().await;
+    let before = srv.app.store.room(&room).await.unwrap().unwrap();
+    srv.app.store.set_ttl(&room, Some(1000)).await.unwrap();
+    let renewed = srv
+        .app
+        .store
+        .renew(
+            &room,
+            before.epoch,
+            before.host.as_ref().unwrap(),
+            before.session.as_ref().unwrap(),
+            60_000,
+        )
+        .await
+        .unwrap();
+    let Some(Renewed::Until { expires, lease_ms }) = renewed else {
+        panic!("not renewed: {renewed:?}");
+    };
+    assert_eq!(lease_ms, 1000, "the confirm tells the new TTL");
+    assert!(
+        expires >= before.lease_expires,
+        "the lease was shortened by {} ms",
+        before.lease_expires - expires
+    );
 }
