@@ -281,36 +281,36 @@ export async function connect(options) {
 
 export class Room {
   #token = null; // { token, expiresAt? }: private, so that logging the room never shows it
-  // The room's state is private too (`#`): an app reaches it only through the API below.
-  #url; #keysUrl; #getToken; #static; #listeners; #pending; #release; #json; #view; #held;
-  #closed; #refreshTimer; #tokenAt; #keys; #keysAt; #relayWarned; #ended;
+  // How tokens are got, private too. The rest stays reachable through a Proxy of the room (Vue's
+  // `reactive()`, MobX): a `#` member read through one throws.
+  #getToken;
 
   constructor(options) {
     this.room = options.room;
-    this.#url = roomUrl(options.url, options.room);
-    this.#keysUrl = options.keysUrl ?? `${httpBase(options.url)}/v1/keys`;
+    this._url = roomUrl(options.url, options.room);
+    this._keysUrl = options.keysUrl ?? `${httpBase(options.url)}/v1/keys`;
     this.#getToken = options.getToken ?? (() => options.token);
-    this.#static = !options.getToken; // a token that cannot be renewed
-    this.#listeners = new Map(); // type → listeners (an array, replaced on change)
-    this.#pending = new Map(); // idempotency key → { resolve, reject }
+    this._static = !options.getToken; // a token that cannot be renewed
+    this._listeners = new Map(); // type → listeners (an array, replaced on change)
+    this._pending = new Map(); // idempotency key → { resolve, reject }
     this._peers = new Map(); // peer id → { channel, listening }
-    // Set when first needed (undefined until then): #refreshTimer, #keys (a Promise<Map<kid,
-    // CryptoKey>>), #keysAt (when they were asked for), #relayWarned, #closed.
+    // Set when first needed (undefined until then): _refreshTimer, _keys (a Promise<Map<kid,
+    // CryptoKey>>), _keysAt (when they were asked for), _relayWarned, _closed.
     const [hi, lo] = crypto.getRandomValues(new Uint32Array(2));
     // The driver keeps these two for its life; after `close()` they no longer hold the room, so
     // a closed room the app lets go of is collected (the driver with it).
     const to = { room: this };
-    this.#release = () => (to.room = null);
+    this._release = () => (to.room = null);
     // `self`: a page's window, or a worker's global scope (timers, clock and network events
     // alike); undefined in Node, where the driver then sets no timer.
-    this._driver = new Driver(this.#url, (json) => to.room?._onEvents(json), hi, lo, (m) => to.room?._onMessage(m), globalThis.self);
+    this._driver = new Driver(this._url, (json) => to.room?._onEvents(json), hi, lo, (m) => to.room?._onMessage(m), globalThis.self);
   }
 
   /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending.
    * The same object until something in it changes (React's `useSyncExternalStore` needs that). */
   get view() {
     const json = this._driver.view();
-    return json === this.#json ? this.#view : (this.#view = JSON.parse((this.#json = json)));
+    return json === this._json ? this._view : (this._view = JSON.parse((this._json = json)));
   }
 
   /** Subscribes to `host`, `provisional`, `members`, `event`, `discontinuity`, `connection`,
@@ -324,8 +324,8 @@ export class Room {
     // an entry of its own: the same function subscribed twice (two components sharing a handler)
     // is called twice, and each unsubscribe ends its own subscription only.
     const entry = (payload) => listener(payload);
-    this.#listeners.set(type, [...(this.#listeners.get(type) ?? []), entry]);
-    return () => this.#listeners.set(type, this.#listeners.get(type).filter((l) => l !== entry));
+    this._listeners.set(type, [...(this._listeners.get(type) ?? []), entry]);
+    return () => this._listeners.set(type, this._listeners.get(type).filter((l) => l !== entry));
   }
 
   /** Issues a command. Resolves with `{ id, seq }` once the server applied it; rejects with a
@@ -333,17 +333,17 @@ export class Room {
   command(action, payload = null) {
     // What the driver emits while it takes the command (a listener may even close the room) is
     // delivered once the promise is there to settle.
-    const held = (this.#held = []);
+    const held = (this._held = []);
     let result;
     try {
       const id = this._driver.command(String(action), toJson(payload, () => ErrorCode.BadPayload));
-      result = new Promise((resolve, reject) => this.#pending.set(id, { resolve, reject }));
+      result = new Promise((resolve, reject) => this._pending.set(id, { resolve, reject }));
     } catch (code) {
       // The driver refuses with its code; anything else was thrown on the way there (an action
       // whose toString throws): not the server's refusal (`Rejected`).
       result = Promise.reject(commandError(typeof code === "string" ? code : ErrorCode.BadArgument));
     }
-    this.#held = null;
+    this._held = null;
     for (const json of held) this._onEvents(json);
     return result;
   }
@@ -377,11 +377,11 @@ export class Room {
     }
     this.detachPeer(peerId);
     // A channel already closing fires no `close` that would let go of it.
-    if (this.#closed || /^clos/.test(channel.readyState)) return;
+    if (this._closed || /^clos/.test(channel.readyState)) return;
     const onOpen = () => {
       this._driver.peerSeen(peerId);
       const signed = this.view.signed;
-      if (signed?.sig) this.#sendRelay(channel, signed);
+      if (signed?.sig) this._sendRelay(channel, signed);
     };
     const onClose = () => this.detachPeer(peerId); // let go of a closed channel
     const onMessage = (e) => {
@@ -417,10 +417,10 @@ export class Room {
     for (let attempt = 0; ; attempt++) {
       // Why there is no token is this promise's error, not also an `error` event.
       let why;
-      const token = await this.#currentToken((e) => (why = e));
+      const token = await this._token((e) => (why = e));
       if (token === null) throw why;
       try {
-        return await fetchInbox({ url: this.#url, room: this.room, token, since });
+        return await fetchInbox({ url: this._url, room: this.room, token, since });
       } catch (e) {
         if (e.code !== ErrorCode.Unauthorized || attempt > 0) throw e;
         this.#token = null; // refused: ask the app for a fresh token, once
@@ -435,27 +435,27 @@ export class Room {
 
   /** Leaves the room (a host is replaced at once) and stops reconnecting. */
   close() {
-    if (this.#closed) return;
-    this.#closed = true;
-    clearTimeout(this.#refreshTimer);
+    if (this._closed) return;
+    this._closed = true;
+    clearTimeout(this._refreshTimer);
     for (const id of [...this._peers.keys()]) this.detachPeer(id);
     this._driver.close();
-    this.#release();
+    this._release();
   }
 
   // ----- internals -----------------------------------------------------------------------------
 
-  async #currentToken(fail) {
+  async _token(fail) {
     const t = this.#token;
     // Within its refresh margin a token is fetched again, unless it was fetched in the last 10 s
     // (a short-lived one, or this clock ahead of the backend's: not once per dial).
-    if (t && (t.expiresAt === undefined || t.expiresAt - TOKEN_REFRESH_EARLY_MS > Date.now() || this.#tokenAt > Date.now() - 10_000)) return t.token;
+    if (t && (t.expiresAt === undefined || t.expiresAt - TOKEN_REFRESH_EARLY_MS > Date.now() || this._tokenAt > Date.now() - 10_000)) return t.token;
     return this._refreshToken(fail);
   }
 
   /** A fresh token from the app, or `null` after reporting why not (to `fail`, by default the
    * `error` listeners). */
-  async _refreshToken(fail = (e) => this.#emit("error", e)) {
+  async _refreshToken(fail = (e) => this._emit("error", e)) {
     let got, timer;
     try {
       // An app backend that never answers must not leave the room waiting for ever.
@@ -472,22 +472,22 @@ export class Room {
       return null;
     }
     this.#token = t;
-    clearTimeout(this.#refreshTimer);
-    const left = t.expiresAt - (this.#tokenAt = Date.now());
-    if (Number.isFinite(left) && !this.#closed) {
+    clearTimeout(this._refreshTimer);
+    const left = t.expiresAt - (this._tokenAt = Date.now());
+    if (Number.isFinite(left) && !this._closed) {
       // Refresh ahead of expiry so that a reconnect never waits on the app's backend: 30 s
       // before, or half way for a shorter token; within what a timer can wait (about 24 days).
       // Never sooner than 10 s: a token that looks spent on arrival (this clock ahead of the
       // backend's) is not asked for again every second.
       const wait = left > 2 * TOKEN_REFRESH_EARLY_MS ? left - TOKEN_REFRESH_EARLY_MS : left / 2;
-      this.#refreshTimer = setTimeout(() => this._refreshToken(), Math.min(2 ** 31 - 1, Math.max(10_000, wait)));
+      this._refreshTimer = setTimeout(() => this._refreshToken(), Math.min(2 ** 31 - 1, Math.max(10_000, wait)));
     }
     return t.token;
   }
 
   async _dial() {
-    const token = await this.#currentToken();
-    if (this.#closed) return;
+    const token = await this._token();
+    if (this._closed) return;
     if (token === null) {
       // Try again with the supervisor's backoff.
       this._driver.dropConnection();
@@ -497,7 +497,7 @@ export class Room {
       this._driver.connect(token);
     } catch (e) {
       const err = new ConnectionError(ErrorCode.Unavailable, "the WebSocket could not be opened", { cause: e });
-      this.#emit("error", err);
+      this._emit("error", err);
       return err;
     }
   }
@@ -512,7 +512,7 @@ export class Room {
     // Past the 4 MiB limit in UTF-16 units already (a UTF-8 byte or more each): refused here, as
     // the codec would, without first copying it into the wasm's memory (which never shrinks).
     if (data.length > FRAME_MAX) {
-      return this.#dispatch({ type: "error", code: "frame_too_large", message: "a frame from the server is too large" });
+      return this._dispatch({ type: "error", code: "frame_too_large", message: "a frame from the server is too large" });
     }
     if (data.length <= EVENT_MAX && data.startsWith(EVENT_HEAD)) {
       let m;
@@ -521,7 +521,7 @@ export class Room {
       } catch {}
       if (isEvent(m) && this._driver.eventSeq(m.seq)) {
         const { seq, epoch, actor, action, payload = null, at } = m;
-        this.#emit("event", { seq, epoch, actor, action, payload, at });
+        this._emit("event", { seq, epoch, actor, action, payload, at });
         return;
       }
     }
@@ -530,89 +530,89 @@ export class Room {
 
   // A step's events, as the driver's JSON array (written by the driver: always well-formed).
   _onEvents(json) {
-    if (this.#held) return void this.#held.push(json);
-    for (const e of JSON.parse(json)) this.#dispatch(e);
+    if (this._held) return void this._held.push(json);
+    for (const e of JSON.parse(json)) this._dispatch(e);
   }
 
-  #dispatch(e) {
+  _dispatch(e) {
     switch (e.type) {
       case "connection":
         // Closed by the server (kicked, room closed): stop refreshing tokens and relaying too.
         if (e.phase === "closed") this.close();
-        this.#emit("connection", { phase: e.phase });
-        if (e.phase === "closed") this.#ended = true;
+        this._emit("connection", { phase: e.phase });
+        if (e.phase === "closed") this._ended = true;
         break;
       case "host": {
         const a = e.assignment;
         // Relayed before the listeners see `a`, so that none can change what the peers get.
-        if (a.sig) for (const p of this._peers.values()) this.#sendRelay(p.channel, a);
-        this.#emit("host", {
+        if (a.sig) for (const p of this._peers.values()) this._sendRelay(p.channel, a);
+        this._emit("host", {
           host: a.host ?? null, session: a.session ?? null, epoch: a.epoch, reason: a.reason,
           previousEpoch: e.previous_epoch ?? null, via: e.via, issuedAt: a.issued_at, assignment: a,
         });
         break;
       }
       case "provisional":
-        this.#emit("provisional", { coordinator: e.coordinator ?? null });
+        this._emit("provisional", { coordinator: e.coordinator ?? null });
         break;
       case "members":
-        this.#emit("members", { members: this.view.members });
+        this._emit("members", { members: this.view.members });
         break;
       case "lease":
-        this.#emit("lease", { state: e.state });
+        this._emit("lease", { state: e.state });
         break;
       case "event":
-        this.#emit("event", e.event);
+        this._emit("event", e.event);
         break;
       case "discontinuity":
-        this.#emit("discontinuity", { from: e.from, to: e.to });
+        this._emit("discontinuity", { from: e.from, to: e.to });
         break;
       case "command_queued":
-        this.#emit("command", { id: e.id, state: "queued" });
+        this._emit("command", { id: e.id, state: "queued" });
         break;
       case "command_accepted": {
-        const p = this.#pending.get(e.id);
-        this.#pending.delete(e.id);
-        this.#emit("command", { id: e.id, state: "accepted", seq: e.seq });
+        const p = this._pending.get(e.id);
+        this._pending.delete(e.id);
+        this._emit("command", { id: e.id, state: "accepted", seq: e.seq });
         p?.resolve({ id: e.id, seq: e.seq });
         break;
       }
       case "command_failed": {
-        const p = this.#pending.get(e.id);
-        this.#pending.delete(e.id);
+        const p = this._pending.get(e.id);
+        this._pending.delete(e.id);
         const err = commandError(e.code);
         err.reason = e.reason; // the server's code when it refused the command (`Rejected`)
-        this.#emit("command", { id: e.id, state: "failed", code: e.code, reason: e.reason });
+        this._emit("command", { id: e.id, state: "failed", code: e.code, reason: e.reason });
         p?.reject(err);
         break;
       }
       case "signal":
-        this.#emit("signal", { from: e.from, fromSession: e.from_session, data: e.data });
+        this._emit("signal", { from: e.from, fromSession: e.from_session, data: e.data });
         break;
       case "error": {
         const Cls = e.code === ErrorCode.ProtocolViolation ? ProtocolError : ConnectionError;
-        this.#emit("error", new Cls(e.code, e.message));
+        this._emit("error", new Cls(e.code, e.message));
         if (e.code === ErrorCode.Unauthorized) {
           // A fresh token next time; a fixed `token` the server refuses never gets better: the
           // room closes (queued commands fail `Closed`) instead of knocking for ever.
           this.#token = null;
-          if (this.#static) this.close();
+          if (this._static) this.close();
         }
         break;
       }
       case "token_needed":
-        if (!this.#closed) this._dial();
+        if (!this._closed) this._dial();
         break;
     }
   }
 
-  #emit(type, payload) {
+  _emit(type, payload) {
     // Nothing follows `connection: closed` but command outcomes: not the rest of a step in which
     // a listener closed the room (its close() announced `closed` first), nor a token fetch or a
     // relay check that finishes after it.
     // (Asked before each listener: the one before may have closed the room.)
-    for (const listener of this.#listeners.get(type) ?? []) {
-      if (this.#ended && type !== "command") return;
+    for (const listener of this._listeners.get(type) ?? []) {
+      if (this._ended && type !== "command") return;
       try {
         listener(payload);
       } catch (err) {
@@ -621,13 +621,13 @@ export class Room {
         // it), and to the `error` listeners (but an `error` listener's, which would loop).
         globalThis.reportError?.(err);
         if (type !== "error") {
-          this.#emit("error", new UsageError(ErrorCode.ListenerError, `a "${type}" listener threw`, { cause: err }));
+          this._emit("error", new UsageError(ErrorCode.ListenerError, `a "${type}" listener threw`, { cause: err }));
         }
       }
     }
   }
 
-  #sendRelay(channel, signed) {
+  _sendRelay(channel, signed) {
     // A reason this SDK does not know (a newer server's) was decoded as "unknown": the copy it
     // would relay is not what the server signed, and every peer would report it forged.
     if (channel.readyState !== "open" || signed.reason === "unknown") return;
@@ -641,11 +641,11 @@ export class Room {
   /** The server's keys, a Promise<Map<kid, CryptoKey>>: read once, and read again for a relay
    * whose kid `known` (the map read before) lacks, at most once a minute (a peer cannot make
    * every relay cost a request), keeping `known` when that read fails. */
-  #loadKeys(known) {
-    if (!this.#keys || (known && performance.now() - this.#keysAt > 60_000)) {
-      this.#keysAt = performance.now();
-      this.#keys = (async () => {
-        const res = await fetchWithRetry(this.#keysUrl);
+  _loadKeys(known) {
+    if (!this._keys || (known && performance.now() - this._keysAt > 60_000)) {
+      this._keysAt = performance.now();
+      this._keys = (async () => {
+        const res = await fetchWithRetry(this._keysUrl);
         if (!res.ok) throw new Error(`keys: HTTP ${res.status}`);
         const body = await res.json();
         const keys = new Map();
@@ -656,31 +656,31 @@ export class Room {
         return keys;
       })();
       // After a first read fails, relays wait a minute before the keys are read again.
-      if (known) this.#keys = this.#keys.catch(() => known);
-      else this.#keys.catch(() => setTimeout(() => (this.#keys = null), 60_000));
+      if (known) this._keys = this._keys.catch(() => known);
+      else this._keys.catch(() => setTimeout(() => (this._keys = null), 60_000));
     }
-    return this.#keys;
+    return this._keys;
   }
 
   async _onRelay(peerId, signed) {
-    const report = (accepted, reason) => this.#emit("relay", { peer: peerId, epoch: count(signed?.epoch) ? signed.epoch : undefined, accepted, reason });
+    const report = (accepted, reason) => this._emit("relay", { peer: peerId, epoch: count(signed?.epoch) ? signed.epoch : undefined, accepted, reason });
     if (!signed || signed.room !== this.room || typeof signed.sig !== "string" || typeof signed.kid !== "string") {
-      this.#emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment was unsigned or for another room"));
+      this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment was unsigned or for another room"));
       return report(false, "unsigned");
     }
     let keys;
     try {
-      keys = await this.#loadKeys();
+      keys = await this._loadKeys();
     } catch {
-      if (!this.#relayWarned) {
-        this.#relayWarned = true;
-        this.#emit("error", new ProtocolError(ErrorCode.RelayUnsupported, "Ed25519 in WebCrypto or the server keys are unavailable; peer relays are ignored"));
+      if (!this._relayWarned) {
+        this._relayWarned = true;
+        this._emit("error", new ProtocolError(ErrorCode.RelayUnsupported, "Ed25519 in WebCrypto or the server keys are unavailable; peer relays are ignored"));
       }
       return report(false, "unsupported");
     }
     // A key the server published since (restarted with a new key)? Its keys are read again (or
     // a read under way for another relay is waited for).
-    const key = keys.get(signed.kid) ?? (await this.#loadKeys(keys)).get(signed.kid);
+    const key = keys.get(signed.kid) ?? (await this._loadKeys(keys)).get(signed.kid);
     const bytes = signingBytes(signed);
     let ok = false;
     if (key && bytes) {
@@ -689,10 +689,10 @@ export class Room {
       } catch {} // a malformed signature: not verified
     }
     if (!ok) {
-      this.#emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment failed signature verification"));
+      this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment failed signature verification"));
       return report(false, "forged");
     }
-    if (this.#closed) return;
+    if (this._closed) return;
     // The checked fields only: whatever else the peer put in the object is not passed on (nor
     // serialised: a deeply nested extra field would make JSON.stringify throw).
     const adopted = this._driver.peerAssignment(JSON.stringify(signed, [...SIGNED, "kid", "sig"]));

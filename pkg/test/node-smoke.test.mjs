@@ -109,6 +109,21 @@ test("a command's promise settles even when a listener closes the room while it 
   await assert.rejects(room.command("vote", { option: 2 }), (e) => e.code === "Closed");
 });
 
+test("a room held through a Proxy (Vue's reactive(), MobX) works: view, on, command, stamp, close", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const room = new Proxy(await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" }), {});
+  assert.equal(room.view.phase, "connecting");
+  const seen = [];
+  const off = room.on("command", ({ state }) => seen.push(state));
+  const vote = room.command("vote", { option: 1 });
+  assert.deepEqual(seen, ["queued"]);
+  off();
+  assert.throws(() => room.stamp("x"), (e) => e.code === "NotHost");
+  assert.equal(room.acceptStamped("p", { hostleaseEpoch: 1, body: 1 }), 1);
+  room.close();
+  await assert.rejects(within(vote, 5_000, "the vote"), (e) => e.code === "Closed");
+});
+
 test("close() is announced to the connection listeners, and pending commands fail Closed", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const phases = [];

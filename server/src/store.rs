@@ -453,10 +453,14 @@ async fn grant_in_tx(
     // successor who leaves at once is replaced by someone fenced the same). A renewal confirms
     // nothing before; the new lease runs from the fence, so that it does not lapse meanwhile.
     // SET expressions read the old row.
+    // (A holder still fenced was never confirmed: its lease adds nothing to the fence.)
     let fence = if req.forced() {
-        "MAX(fenced_until, CASE WHEN host IS NOT NULL THEN lease_expires ELSE 0 END)"
+        format!(
+            "MAX(fenced_until, CASE WHEN host IS NOT NULL AND fenced_until <= {NOW} \
+             THEN lease_expires ELSE 0 END)"
+        )
     } else {
-        "fenced_until"
+        "fenced_until".to_string()
     };
     let q = format!(
         "UPDATE rooms SET host = ?, session = ?, epoch = epoch + 1, seq = seq + 1, \
@@ -743,9 +747,11 @@ async fn renew_in_tx(c: &mut SqliteConnection, r: &Renewal) -> StoreResult<Optio
             lease_ms: lease_ms as u64,
         }));
     }
-    // Not renewed: the lease is gone, or still fenced.
+    // Not renewed: the lease is gone, or it was fenced. (Not asked again whether it still is:
+    // `NOW` is read again here, and a fence that ended between the two statements would make a
+    // healthy holder look gone. Probed again at once instead.)
     let fenced: Option<i64> = sqlx::query_scalar(&format!(
-        "SELECT fenced_until - {NOW} FROM rooms {held} AND fenced_until > {NOW}"
+        "SELECT MAX(1, fenced_until - {NOW}) FROM rooms {held}"
     ))
     .bind(r.room.as_str())
     .bind(r.epoch.0 as i64)

@@ -1112,3 +1112,66 @@ async fn a_lowered_ttl_never_shortens_a_lease_already_confirmed() {
         before.lease_expires - expires
     );
 }
+
+/// A forced grant made while the room is fenced keeps the fence it found: the holder it displaces
+/// was never confirmed (every renewal refused, every snapshot without a lease), so its lease,
+/// which runs from the fence, adds nothing. It used to move the fence to that lease's end, a
+/// TTL later with every reassign or kick. Renewals until the fence ends answer `Fenced`, never
+/// "gone" (which stops the probing of a healthy holder for good).
+#[tokio::test]
+async fn a_forced_grant_within_a_fence_keeps_it() {
+    let srv = start(hostlease_server::Config {
+        lease_ms: 3000,
+        ..test_config()
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let room = RoomId::new("f2").unwrap();
+    let mut a = srv.raw("f2", "alice", true).await;
+    a.until_host().await;
+    let mut others = Vec::new();
+    for p in ["bob", "carol"] {
+        let mut r = srv.raw("f2", p, true).await;
+        r.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+            .await;
+        others.push(r);
+    }
+    let alice = srv.app.store.room(&room).await.unwrap().unwrap();
+    for to in ["bob", "carol"] {
+        let r = http
+            .post(format!("http://{}/v1/admin/rooms/f2/reassign", srv.addr))
+            .bearer_auth("admin-secret")
+            .json(&serde_json::json!({ "to": to }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "reassign to {to}");
+    }
+    let row = srv.app.store.room(&room).await.unwrap().unwrap();
+    assert_eq!(row.host.as_ref().map(|h| h.as_str()), Some("carol"));
+    assert_eq!(row.fenced_until, alice.lease_expires, "the fence moved");
+    // Carol's renewals, straight to the store, until the fence ends (bounded: 3 s of lease).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = srv
+            .app
+            .store
+            .renew(
+                &room,
+                row.epoch,
+                row.host.as_ref().unwrap(),
+                row.session.as_ref().unwrap(),
+                3000,
+            )
+            .await
+            .unwrap();
+        match r {
+            Some(Renewed::Until { .. }) => break,
+            Some(Renewed::Fenced { ms }) => assert!((1..=3000).contains(&ms), "fenced {ms} ms"),
+            None => panic!("a fenced holder's renewal answered that the lease is gone"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never renewed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(hostlease_server::tokens::now_ms() + 20 >= alice.lease_expires);
+}

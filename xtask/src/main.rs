@@ -384,11 +384,21 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     let wasm = out.join("hostlease_bg.wasm");
     let bound = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
     let (snipped, names) = strip::snip_panics(&bound)?;
-    std::fs::write(&wasm, snipped).map_err(|e| format!("write {}: {e}", wasm.display()))?;
     eprintln!(
         "\n==> functions that only panic made a bare trap: {} (xtask/src/strip.rs)",
         names.len()
     );
+    let glue_path = out.join("hostlease.js");
+    let calls = minify::glue_calls(
+        &std::fs::read_to_string(&glue_path)
+            .map_err(|e| format!("read {}: {e}", glue_path.display()))?,
+    );
+    let (trimmed, dropped) = strip::drop_exports(&snipped, |name| calls.contains(name))?;
+    eprintln!(
+        "\n==> exports the glue never calls dropped: {}",
+        dropped.join(", ")
+    );
+    std::fs::write(&wasm, trimmed).map_err(|e| format!("write {}: {e}", wasm.display()))?;
     run(
         "wasm-opt -Oz (npm binaryen)",
         Command::new(tools::node_bin(root, "wasm-opt"))
@@ -420,7 +430,6 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     )
     .map_err(|e| format!("wasm-opt --minify-imports-and-exports-and-modules: {e}"))?;
     let mut bytes = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
-    let glue_path = out.join("hostlease.js");
     let glue = std::fs::read_to_string(&glue_path)
         .map_err(|e| format!("read {}: {e}", glue_path.display()))?;
     let glue = minify::rename_in_glue(&glue, &minify::parse_report(&report)?, &bytes)?;
@@ -428,6 +437,20 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     let zeroed = strip::zero_panic_text(&mut bytes)?;
     std::fs::write(&wasm, &bytes).map_err(|e| format!("write {}: {e}", wasm.display()))?;
     eprintln!("\n==> panic text zeroed: {zeroed} bytes (xtask/src/strip.rs)");
+    run(
+        "wasm-opt -Oz again (the zeroed text packed away)",
+        Command::new(tools::node_bin(root, "wasm-opt"))
+            .args([
+                "-Oz",
+                "--strip-debug",
+                "--strip-producers",
+                "--strip-target-features",
+            ])
+            .args(tools::WASM_FEATURES)
+            .arg(&wasm)
+            .arg("-o")
+            .arg(&wasm),
+    )?;
     // The licence texts go into the package (npm packs `LICENSE*` at its root); one copy of
     // each stays in git, at the repository's root.
     for f in ["LICENSE-MIT", "LICENSE-APACHE"] {

@@ -86,6 +86,60 @@ fn ident(s: &str) -> bool {
     !s.is_empty() && !s.as_bytes()[0].is_ascii_digit() && s.bytes().all(is_ident_char)
 }
 
+/// Where an identifier of the glue stands.
+#[derive(Clone, Copy, PartialEq)]
+enum Place {
+    /// `wasm.<word>`: a call into the module (or a read of its memory or table).
+    Call,
+    /// `<word>:`: a key, as each import's in the imports object.
+    Key,
+    Other,
+}
+
+/// `glue` with each identifier that `f` gives a new name for replaced, in one pass.
+fn rewrite_words<'g>(
+    glue: &'g str,
+    mut f: impl FnMut(&'g str, Place) -> Option<&'g str>,
+) -> String {
+    let b = glue.as_bytes();
+    let mut out = String::with_capacity(glue.len());
+    let (mut i, mut copied) = (0, 0);
+    while i < b.len() {
+        if !is_ident_char(b[i]) || (i > 0 && is_ident_char(b[i - 1])) {
+            i += 1;
+            continue;
+        }
+        let end = i + b[i..].iter().take_while(|&&c| is_ident_char(c)).count();
+        let place = if i >= 5 && &b[i - 5..i] == b"wasm." && (i == 5 || !is_ident_char(b[i - 6])) {
+            Place::Call
+        } else if b.get(end) == Some(&b':') {
+            Place::Key
+        } else {
+            Place::Other
+        };
+        if let Some(new) = f(&glue[i..end], place) {
+            out.push_str(&glue[copied..i]);
+            out.push_str(new);
+            copied = end;
+        }
+        i = end;
+    }
+    out.push_str(&glue[copied..]);
+    out
+}
+
+/// The exports the glue calls (`wasm.<name>`), as wasm-bindgen wrote it.
+pub fn glue_calls(glue: &str) -> HashSet<String> {
+    let mut calls = HashSet::new();
+    rewrite_words(glue, |word, place| {
+        if place == Place::Call {
+            calls.insert(word.to_string());
+        }
+        None
+    });
+    calls
+}
+
 /// The glue with the renames of `report` applied: each import's key in the imports object, the
 /// module's key, and every `wasm.<export>`. `renamed` is the module wasm-opt wrote, checked
 /// against the report and against what the renamed glue calls.
@@ -136,40 +190,20 @@ pub fn rename_in_glue(glue: &str, report: &Renames, renamed: &[u8]) -> Result<St
     let glue = glue.replacen(&module_key, &format!("\"{new_module}\":"), 1);
 
     // One pass over the identifiers, so that no name is renamed twice.
-    let b = glue.as_bytes();
-    let mut out = String::with_capacity(glue.len());
     let mut keys_renamed: HashMap<&str, usize> = HashMap::new();
     let mut calls = Vec::new();
-    let (mut i, mut copied) = (0, 0);
-    while i < b.len() {
-        if !is_ident_char(b[i]) || (i > 0 && is_ident_char(b[i - 1])) {
-            i += 1;
-            continue;
-        }
-        let end = i + b[i..].iter().take_while(|&&c| is_ident_char(c)).count();
-        let word = &glue[i..end];
-        let after_wasm =
-            i >= 5 && &glue[i - 5..i] == "wasm." && (i == 5 || !is_ident_char(b[i - 6]));
-        let new = if after_wasm {
+    let out = rewrite_words(&glue, |word, place| match place {
+        Place::Call => {
             let new = export_map.get(word).copied();
             calls.push(new.unwrap_or(word).to_string());
             new
-        } else if b.get(end) == Some(&b':') {
-            import_map
-                .get(word)
-                .copied()
-                .inspect(|_| *keys_renamed.entry(word).or_default() += 1)
-        } else {
-            None
-        };
-        if let Some(new) = new {
-            out.push_str(&glue[copied..i]);
-            out.push_str(new);
-            copied = end;
         }
-        i = end;
-    }
-    out.push_str(&glue[copied..]);
+        Place::Key => import_map
+            .get(word)
+            .copied()
+            .inspect(|_| *keys_renamed.entry(word).or_default() += 1),
+        Place::Other => None,
+    });
 
     if let Some((_, old, _)) = report
         .imports
@@ -214,6 +248,7 @@ mod tests {
 }
 export class Driver { constructor() { this.p = wasm.driver_new(); } }
 const mem = () => wasm.memory.buffer; const driver_new = 1; const o = { memory: 2 };
+/** Text wasm-bindgen copies from doc comments, any UTF-8 (——x), before a call: */ wasm.driver_new();
 "#;
 
     /// A module importing `names` from module `m` and exporting `exports` (all functions of
@@ -292,6 +327,10 @@ const mem = () => wasm.memory.buffer; const driver_new = 1; const o = { memory: 
                 .replace("wasm.driver_new()", "wasm.A()")
                 .replace("wasm.memory.buffer", "wasm.x.buffer")
         );
+        // What the glue calls, before the renames (the exports kept in the module).
+        let calls = glue_calls(GLUE);
+        let expect = ["__wbindgen_externrefs", "driver_new", "memory"];
+        assert_eq!(calls, expect.into_iter().map(String::from).collect());
         // Names that are not imports' keys or calls into the module stay (`driver_new = 1`,
         // `{ memory: 2 }`), and an export the report renames but the glue never calls is fine.
         assert!(glue.contains("const driver_new = 1") && glue.contains("{ memory: 2 }"));

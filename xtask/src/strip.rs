@@ -12,8 +12,12 @@
 //! - [`zero_panic_text`], after wasm-opt: the messages of core's and alloc's panics and the
 //!   source paths of panic locations are never read. wasm-opt removes code, not bytes of a data
 //!   segment, so they stayed: 474 bytes of paths and 424 of messages, about 190 bytes brotli.
-//!   Zeroed, they compress to almost nothing. Text the JS glue shows (wasm-bindgen's own errors)
-//!   is not on the list and stays.
+//!   Zeroed, they compress to almost nothing, and a last `wasm-opt -Oz` packs the zeroed runs
+//!   out of the segments. Text the JS glue shows (wasm-bindgen's own errors) is not on the list
+//!   and stays.
+//! - [`drop_exports`], before wasm-opt: exports the glue never calls (wasm-bindgen's abort
+//!   hooks, `__abort_handler` and `__instance_terminated`, for builds that unwind) go, and with
+//!   them what only they kept alive; a mutable global no one outside can write is a constant.
 //!
 //! The browser tests run the bundle after both passes.
 
@@ -269,6 +273,45 @@ pub fn exports(wasm: &[u8], secs: &[Section]) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// The module without the exports `keep` refuses; returns it and the names dropped. An export
+/// nothing calls keeps its item alive and, for a mutable global, keeps wasm-opt from taking the
+/// global for the constant it is.
+pub fn drop_exports(
+    wasm: &[u8],
+    keep: impl Fn(&str) -> bool,
+) -> Result<(Vec<u8>, Vec<String>), String> {
+    let secs = sections(wasm)?;
+    let Some(section) = secs.iter().find(|s| s.id == 7) else {
+        return Ok((wasm.to_vec(), Vec::new()));
+    };
+    let bad = || "the export section is malformed".to_string();
+    let mut r = Cursor {
+        b: &wasm[section.body.clone()],
+        at: 0,
+    };
+    let (mut kept, mut entries, mut dropped) = (0, Vec::new(), Vec::new());
+    for _ in 0..r.leb().ok_or_else(bad)? {
+        let start = r.at;
+        let name = r.name().ok_or_else(bad)?;
+        r.byte().ok_or_else(bad)?;
+        r.leb().ok_or_else(bad)?;
+        if keep(&name) {
+            kept += 1;
+            entries.extend_from_slice(&r.b[start..r.at]);
+        } else {
+            dropped.push(name);
+        }
+    }
+    let mut contents = leb128_bytes(kept);
+    contents.extend_from_slice(&entries);
+    let mut out = wasm[..section.start].to_vec();
+    out.push(7);
+    out.extend_from_slice(&leb128_bytes(contents.len()));
+    out.extend_from_slice(&contents);
+    out.extend_from_slice(&wasm[section.body.end..]);
+    Ok((out, dropped))
+}
+
 /// The name section's function names, by function index.
 fn function_names(wasm: &[u8], secs: &[Section]) -> Result<HashMap<usize, String>, String> {
     let bad = || "the name section is malformed".to_string();
@@ -401,6 +444,44 @@ mod tests {
         // Outside the data section nothing changes; a `.rs` name without `src/` stays too.
         assert!(m.windows(decoy.len()).any(|w| w == decoy));
         assert!(m.windows(7).any(|w| w == b"keep.rs"));
+    }
+
+    #[test]
+    fn only_the_exports_refused_are_dropped() {
+        // The module of the snip tests, with an export section after its function section:
+        // function 1, the memory, function 3, in that order.
+        let m = functions(None, BODIES);
+        let secs = sections(&m).unwrap();
+        let at = secs.iter().find(|s| s.id == 3).unwrap().body.end;
+        let mut entries = vec![3];
+        for (n, kind, index) in [("keep_f", 0, 1), ("memory", 2, 0), ("drop_f", 0, 3)] {
+            entries.extend(name(n));
+            entries.extend_from_slice(&[kind, index]);
+        }
+        let m = [&m[..at], &section(7, &entries), &m[at..]].concat();
+        let (out, dropped) = drop_exports(&m, |n| n != "drop_f").unwrap();
+        assert_eq!(dropped, ["drop_f"]);
+        assert_eq!(
+            exports(&out, &sections(&out).unwrap()).unwrap(),
+            ["keep_f", "memory"]
+        );
+        // The kept entries are byte for byte what they were; no other section changed.
+        let mut kept = vec![2];
+        kept.extend_from_slice(&entries[1..entries.len() - "drop_f".len() - 3]);
+        assert_eq!(
+            out,
+            [&m[..at], &section(7, &kept), &m[at + entries.len() + 2..]].concat()
+        );
+        // Keeping every one changes nothing; a module without exports is returned as it is.
+        assert_eq!(drop_exports(&m, |_| true).unwrap(), (m.clone(), vec![]));
+        let bare = functions(None, BODIES);
+        assert_eq!(
+            drop_exports(&bare, |_| false).unwrap(),
+            (bare.clone(), vec![])
+        );
+        // A truncated export section is an error, not a panic.
+        let cut = [&m[..at], &[7, 4, 3, 6, b'k', b'e'][..]].concat();
+        assert!(drop_exports(&cut, |_| true).is_err());
     }
 
     fn section(id: u8, contents: &[u8]) -> Vec<u8> {
