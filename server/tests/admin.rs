@@ -925,6 +925,15 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
     assert_eq!(vote(new, "new").await.unwrap().status(), 200);
 }
 
+/// `confirmed` (now_ms) is not before `until` (the store clock's ms; 20 ms for the clocks' reads).
+fn not_before(confirmed: u64, until: u64, what: &str) {
+    assert!(
+        confirmed + 20 >= until,
+        "{what} confirmed {} ms before the lease taken away ran out",
+        until - confirmed
+    );
+}
+
 /// Answers probes until `r` holds a confirmed lease of `epoch` (a host capability came); when.
 /// Any earlier confirm of `epoch` (or capability, or probe of another epoch) fails the test.
 async fn confirmed_at(r: &mut Raw, epoch: hostlease::protocol::Epoch) -> u64 {
@@ -999,10 +1008,10 @@ async fn a_forced_grant_waits_out_the_lease_it_takes_away() {
             .await;
         assert_eq!(remaining, None, "a fenced lease was told in a snapshot");
         let confirmed = confirmed_at(successor, epoch).await;
-        assert!(
-            confirmed + 20 >= before.lease_expires,
-            "confirmed {} ms before {replaced}'s lease ran out",
-            before.lease_expires - confirmed
+        not_before(
+            confirmed,
+            before.lease_expires,
+            &format!("the successor of {replaced}"),
         );
     }
 }
@@ -1029,11 +1038,7 @@ async fn a_fence_holds_for_every_grant_until_the_lease_taken_away_runs_out() {
     assert_eq!(kick(srv.addr, "fk", "alice").await, 1);
     let mut c = srv.raw("fk", "carol", true).await;
     let confirmed = confirmed_at(&mut c, Epoch(before.epoch.0 + 2)).await;
-    assert!(
-        confirmed + 20 >= before.lease_expires,
-        "carol confirmed {} ms before the kicked host's lease ran out",
-        before.lease_expires - confirmed
-    );
+    not_before(confirmed, before.lease_expires, "carol (after the kick)");
 
     // A reassign to bob, who leaves at once: carol replaces him.
     let room = RoomId::new("fl").unwrap();
@@ -1067,11 +1072,7 @@ async fn a_fence_holds_for_every_grant_until_the_lease_taken_away_runs_out() {
         .await;
     assert_eq!(granted.host.as_ref().map(|h| h.as_str()), Some("carol"));
     let confirmed = confirmed_at(&mut c, granted.epoch).await;
-    assert!(
-        confirmed + 20 >= before.lease_expires,
-        "carol confirmed {} ms before the replaced host's lease ran out",
-        before.lease_expires - confirmed
-    );
+    not_before(confirmed, before.lease_expires, "carol (after the leave)");
 }
 
 /// A renewal never shortens a lease: the holder was told of the lease it had (it keeps the later
@@ -1173,5 +1174,9 @@ async fn a_forced_grant_within_a_fence_keeps_it() {
         assert!(tokio::time::Instant::now() < deadline, "never renewed");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(hostlease_server::tokens::now_ms() + 20 >= alice.lease_expires);
+    not_before(
+        hostlease_server::tokens::now_ms(),
+        alice.lease_expires,
+        "carol",
+    );
 }

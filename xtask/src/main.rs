@@ -399,36 +399,28 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
         dropped.join(", ")
     );
     std::fs::write(&wasm, trimmed).map_err(|e| format!("write {}: {e}", wasm.display()))?;
+    // wasm-opt (npm binaryen) over the bundle in place, with `passes`.
+    let wasm_opt = |passes: &[&str]| {
+        let mut c = Command::new(tools::node_bin(root, "wasm-opt"));
+        c.args(passes)
+            .args([
+                "--strip-debug",
+                "--strip-producers",
+                "--strip-target-features",
+            ])
+            .args(tools::WASM_FEATURES)
+            .arg(&wasm)
+            .arg("-o")
+            .arg(&wasm);
+        c
+    };
     run(
         "wasm-opt -Oz (npm binaryen)",
-        Command::new(tools::node_bin(root, "wasm-opt"))
-            .args([
-                "-Oz",
-                "--converge",
-                "--strip-debug",
-                "--strip-producers",
-                "--strip-target-features",
-            ])
-            .args(tools::WASM_FEATURES)
-            .arg(&wasm)
-            .arg("-o")
-            .arg(&wasm),
+        &mut wasm_opt(&["-Oz", "--converge"]),
     )?;
     eprintln!("\n==> short import and export names (wasm-opt; the glue renamed to match)");
-    let report = output(
-        Command::new(tools::node_bin(root, "wasm-opt"))
-            .arg("--minify-imports-and-exports-and-modules")
-            .args([
-                "--strip-debug",
-                "--strip-producers",
-                "--strip-target-features",
-            ])
-            .args(tools::WASM_FEATURES)
-            .arg(&wasm)
-            .arg("-o")
-            .arg(&wasm),
-    )
-    .map_err(|e| format!("wasm-opt --minify-imports-and-exports-and-modules: {e}"))?;
+    let report = output(&mut wasm_opt(&["--minify-imports-and-exports-and-modules"]))
+        .map_err(|e| format!("wasm-opt --minify-imports-and-exports-and-modules: {e}"))?;
     let mut bytes = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
     let glue = std::fs::read_to_string(&glue_path)
         .map_err(|e| format!("read {}: {e}", glue_path.display()))?;
@@ -439,17 +431,7 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     eprintln!("\n==> panic text zeroed: {zeroed} bytes (xtask/src/strip.rs)");
     run(
         "wasm-opt -Oz again (the zeroed text packed away)",
-        Command::new(tools::node_bin(root, "wasm-opt"))
-            .args([
-                "-Oz",
-                "--strip-debug",
-                "--strip-producers",
-                "--strip-target-features",
-            ])
-            .args(tools::WASM_FEATURES)
-            .arg(&wasm)
-            .arg("-o")
-            .arg(&wasm),
+        &mut wasm_opt(&["-Oz"]),
     )?;
     // The licence texts go into the package (npm packs `LICENSE*` at its root); one copy of
     // each stays in git, at the repository's root.
