@@ -197,8 +197,10 @@ export declare class Room {
   /** Resolves once the server applied the command; rejects with a `CommandError`: refused here
    * (`NotHost`, `NotAuthoritative`, `LeaseExpired`, `NoCapability`, `UnknownAction`, `BadPayload`, `QueueFull`,
    * `BadArgument`), by the server (`StaleEpoch`, `IdempotencyConflict`, `Rejected` with its code in `.reason`),
-   * or unknown (`Timeout`, `Interrupted`, `Closed`). A participant command made offline stays
-   * pending and is sent after the resync. */
+   * or unknown (`Timeout`, `Interrupted`, `Closed`). A command already sent once and never
+   * answered that a check here refuses when it is due again fails `Interrupted`: the first attempt
+   * may have been applied. A participant command made offline stays pending and is sent after
+   * the resync. */
   command(action: string, payload?: unknown): Promise<{ id: string; seq: number }>;
   /** Tags a message of the host with its epoch; throws a `CommandError` (`NotHost`, or
    * `NotAuthoritative` while the lease is not held) when this tab may not act as host. */

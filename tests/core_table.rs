@@ -1538,3 +1538,43 @@ fn silence_checks_that_all_run_late_still_give_a_dead_connection_up() {
         "nothing heard for two checks"
     );
 }
+
+/// A command sent once and never answered is refused by a local check when it is due to go
+/// again (the lease ran out meanwhile, its token expired, the action table changed): it may have
+/// been applied, so it fails `Interrupted` (see the room's events), not with the check's error,
+/// which says it was not. It failed `LeaseExpired` though the server could still apply the first
+/// attempt (a stalled store, on the store clock, within the lease). A command whose attempt was
+/// rejected (retryable) and one never sent keep the check's error.
+#[test]
+fn a_resend_refused_here_after_an_unanswered_attempt_fails_interrupted() {
+    let failed = |ev: &[Event], id: &IdempotencyKey| {
+        ev.iter().find_map(|e| match e {
+            Event::CommandFailed { id: i, error } if i == id => Some(*error),
+            _ => None,
+        })
+    };
+    // The host's lease (3 s from the welcome) runs out before the resend is due (5 s + jitter).
+    let mut v = live("a", "a", 2);
+    let key = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    v.handle_timeout(at(60_000));
+    let (t, ev) = drain(&mut v);
+    assert!(
+        !t.iter().any(|m| matches!(m, ClientMsg::Command { .. })),
+        "{t:?}"
+    );
+    assert_eq!(failed(&ev, &key), Some(CommandError::Interrupted), "{ev:?}");
+    // Rejected (rate limited: not applied), then due again after the lease ran out: the check's
+    // own error.
+    let mut v = live("a", "a", 2);
+    let key = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    result(&mut v, 21, &key, rejected(RejectCode::RateLimited));
+    v.handle_timeout(at(60_000));
+    let (_, ev) = drain(&mut v);
+    assert_eq!(
+        failed(&ev, &key),
+        Some(CommandError::LeaseExpired),
+        "{ev:?}"
+    );
+}

@@ -230,6 +230,15 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             );
         }
     }
+    // Without a key the signature is an HMAC anyone can compute: a receiver would take forged
+    // deliveries for the room's events.
+    if a.webhook_url.is_some() && a.webhook_secret.as_ref().is_none_or(|s| s.len() < 16) {
+        return Err(
+            "--webhook-url needs --webhook-secret of 16 bytes or more (the key of the \
+             deliveries' X-Hostlease-Signature; without one anyone can sign a delivery)"
+                .into(),
+        );
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if a.log_json {

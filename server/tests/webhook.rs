@@ -95,14 +95,23 @@ async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
 }
 
 /// A webhook URL this build cannot deliver to (`https://`: no TLS here; not a URL) is refused
-/// when the server starts, not by failing every delivery later; the URL is not echoed.
+/// when the server starts, not by failing every delivery later; the URL is not echoed. So is a
+/// webhook without a signing key of 16 bytes or more (its signatures anyone could compute).
 #[test]
 fn a_webhook_url_it_cannot_deliver_to_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
-    for url in [
-        "https://hooks.invalid/x?secret=s3cr3t",
-        "not a url",
-        "http://",
+    let ok_url = "http://127.0.0.1:9/hook?secret=s3cr3t";
+    let secret = "0123456789abcdef";
+    for (url, secret, says) in [
+        (
+            "https://hooks.invalid/x?secret=s3cr3t",
+            secret,
+            "--webhook-url must be an http:// URL",
+        ),
+        ("not a url", secret, "--webhook-url must be an http:// URL"),
+        ("http://", secret, "--webhook-url must be an http:// URL"),
+        (ok_url, "", "--webhook-url needs --webhook-secret"),
+        (ok_url, "short", "--webhook-url needs --webhook-secret"),
     ] {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hostlease-server"))
             .args([
@@ -114,6 +123,12 @@ fn a_webhook_url_it_cannot_deliver_to_is_refused_at_start() {
             ])
             .args(["--server-key", dir.path().join("k.json").to_str().unwrap()])
             .args(["--webhook-url", url])
+            .args(
+                (!secret.is_empty())
+                    .then_some(["--webhook-secret", secret])
+                    .into_iter()
+                    .flatten(),
+            )
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -130,10 +145,7 @@ fn a_webhook_url_it_cannot_deliver_to_is_refused_at_start() {
         let out = child.wait_with_output().unwrap();
         assert!(!out.status.success(), "{url}: exit status {:?}", out.status);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("--webhook-url must be an http:// URL"),
-            "{url}: {err}"
-        );
+        assert!(err.contains(says), "{url}: {err}");
         assert!(!err.contains("s3cr3t"), "{err}");
     }
 }

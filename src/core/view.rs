@@ -1343,7 +1343,7 @@ impl HostView {
         let mut key = String::with_capacity(32);
         crate::protocol::json::push_hex16(&mut key, a);
         crate::protocol::json::push_hex16(&mut key, b);
-        IdempotencyKey::new(key).unwrap_or_else(|_| unreachable!("hex is a valid identifier"))
+        IdempotencyKey::new(key).unwrap_or_else(|_| unreachable!()) // hex is a valid identifier
     }
 
     /// Sends (or resends, same key) command `i` if it may still be sent; fails it otherwise.
@@ -1358,7 +1358,7 @@ impl HostView {
                 None => Some(CommandError::UnknownAction),
             };
             if let Some(e) = refused {
-                self.fail_at(i, e);
+                self.refuse(i, e);
                 return;
             }
         }
@@ -1372,14 +1372,14 @@ impl HostView {
                 match self.host_gate_inner(now, is_relinquish(&c.action)) {
                     Ok(g) => g.token.clone(),
                     Err(e) => {
-                        self.fail_at(i, e);
+                        self.refuse(i, e);
                         return;
                     }
                 }
             }
             ActionKind::Participant => match &self.participant_grant {
                 Some(g) if self.can_send_participant() && !g.actions.contains(&c.action) => {
-                    self.fail_at(i, CommandError::NoCapability);
+                    self.refuse(i, CommandError::NoCapability);
                     return;
                 }
                 Some(g) if self.can_send_participant() => g.token.clone(),
@@ -1406,6 +1406,15 @@ impl HostView {
             epoch: c.epoch,
             capability: token,
         });
+    }
+
+    /// Fails command `i`, refused here with `e`; but `Interrupted` when an attempt already sent
+    /// got no answer (a resend, or one the connection's drop hid): that one may have been
+    /// applied, and `e` would say it was not.
+    fn refuse(&mut self, i: usize, e: CommandError) {
+        let c = &self.commands[i];
+        let unanswered = c.attempts > 0 && !matches!(c.state, CmdState::Backoff { .. });
+        self.fail_at(i, [e, CommandError::Interrupted][usize::from(unanswered)]);
     }
 
     fn resend(&mut self, now: Instant, i: usize) {

@@ -191,7 +191,7 @@ fn check(ok: bool, why: &'static str) -> Result<(), DecodeError> {
 pub fn validate_assignment(a: &Assignment) -> Result<(), DecodeError> {
     check(
         a.host.is_some() == a.session.is_some(),
-        "assignment host and session must both be set or both be absent",
+        "an assignment has a host and a session, or neither",
     )
 }
 
