@@ -925,6 +925,18 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
     assert_eq!(vote(new, "new").await.unwrap().status(), 200);
 }
 
+/// An admin reassign of `room` to `to`, answered 200.
+async fn reassign_to(addr: std::net::SocketAddr, room: &str, to: &str) {
+    let r = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/admin/rooms/{room}/reassign"))
+        .bearer_auth("admin-secret")
+        .json(&serde_json::json!({ "to": to }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "reassign {room} to {to}");
+}
+
 /// `confirmed` (now_ms) is not before `until` (the store clock's ms; 20 ms for the clocks' reads).
 fn not_before(confirmed: u64, until: u64, what: &str) {
     assert!(
@@ -980,14 +992,7 @@ async fn a_forced_grant_waits_out_the_lease_it_takes_away() {
         let before = srv.app.store.room(&room).await.unwrap().unwrap();
         let epoch = before.epoch.next();
         if replaced == "alice" {
-            let r = reqwest::Client::new()
-                .post(format!("http://{}/v1/admin/rooms/fence/reassign", srv.addr))
-                .bearer_auth("admin-secret")
-                .json(&serde_json::json!({"to": "bob"}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
+            reassign_to(srv.addr, "fence", "bob").await;
         } else {
             assert_eq!(kick(srv.addr, "fence", "bob").await, 1);
         }
@@ -1028,7 +1033,6 @@ async fn a_fence_holds_for_every_grant_until_the_lease_taken_away_runs_out() {
         ..test_config()
     })
     .await;
-    let http = reqwest::Client::new();
 
     // A kick of the only member: nobody is granted; carol, who joins next, is elected.
     let room = RoomId::new("fk").unwrap();
@@ -1048,14 +1052,7 @@ async fn a_fence_holds_for_every_grant_until_the_lease_taken_away_runs_out() {
     b.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
         .await;
     let before = srv.app.store.room(&room).await.unwrap().unwrap();
-    let r = http
-        .post(format!("http://{}/v1/admin/rooms/fl/reassign", srv.addr))
-        .bearer_auth("admin-secret")
-        .json(&serde_json::json!({"to": "bob"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    reassign_to(srv.addr, "fl", "bob").await;
     // Alice's connection is cut (she is no longer a member to elect); carol joins.
     drop(a);
     let mut c = srv.raw("fl", "carol", true).await;
@@ -1126,7 +1123,6 @@ async fn a_forced_grant_within_a_fence_keeps_it() {
         ..test_config()
     })
     .await;
-    let http = reqwest::Client::new();
     let room = RoomId::new("f2").unwrap();
     let mut a = srv.raw("f2", "alice", true).await;
     a.until_host().await;
@@ -1139,14 +1135,7 @@ async fn a_forced_grant_within_a_fence_keeps_it() {
     }
     let alice = srv.app.store.room(&room).await.unwrap().unwrap();
     for to in ["bob", "carol"] {
-        let r = http
-            .post(format!("http://{}/v1/admin/rooms/f2/reassign", srv.addr))
-            .bearer_auth("admin-secret")
-            .json(&serde_json::json!({ "to": to }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "reassign to {to}");
+        reassign_to(srv.addr, "f2", to).await;
     }
     let row = srv.app.store.room(&room).await.unwrap().unwrap();
     assert_eq!(row.host.as_ref().map(|h| h.as_str()), Some("carol"));
