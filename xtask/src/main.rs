@@ -389,10 +389,9 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
         names.len()
     );
     let glue_path = out.join("hostlease.js");
-    let calls = minify::glue_calls(
-        &std::fs::read_to_string(&glue_path)
-            .map_err(|e| format!("read {}: {e}", glue_path.display()))?,
-    );
+    let glue = std::fs::read_to_string(&glue_path)
+        .map_err(|e| format!("read {}: {e}", glue_path.display()))?;
+    let calls = minify::glue_calls(&glue);
     let (trimmed, dropped) = strip::drop_exports(&snipped, |name| calls.contains(name))?;
     eprintln!(
         "\n==> exports the glue never calls dropped: {}",
@@ -422,8 +421,6 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     let report = output(&mut wasm_opt(&["--minify-imports-and-exports-and-modules"]))
         .map_err(|e| format!("wasm-opt --minify-imports-and-exports-and-modules: {e}"))?;
     let mut bytes = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
-    let glue = std::fs::read_to_string(&glue_path)
-        .map_err(|e| format!("read {}: {e}", glue_path.display()))?;
     let glue = minify::rename_in_glue(&glue, &minify::parse_report(&report)?, &bytes)?;
     std::fs::write(&glue_path, glue).map_err(|e| format!("write {}: {e}", glue_path.display()))?;
     let zeroed = strip::zero_panic_text(&mut bytes)?;

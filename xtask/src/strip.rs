@@ -201,12 +201,17 @@ pub fn snip_panics(wasm: &[u8]) -> Result<(Vec<u8>, Vec<String>), String> {
     if snipped.is_empty() {
         return Err("no panicking function of core or alloc found by name to snip".into());
     }
-    let mut out = wasm[..code.start].to_vec();
-    out.push(10);
+    Ok((replace_section(wasm, code, &contents), snipped))
+}
+
+/// `wasm` with the contents of `section` (one of its sections) replaced by `contents`.
+fn replace_section(wasm: &[u8], section: &Section, contents: &[u8]) -> Vec<u8> {
+    let mut out = wasm[..section.start].to_vec();
+    out.push(section.id);
     out.extend_from_slice(&leb128_bytes(contents.len()));
-    out.extend_from_slice(&contents);
-    out.extend_from_slice(&wasm[code.body.end..]);
-    Ok((out, snipped))
+    out.extend_from_slice(contents);
+    out.extend_from_slice(&wasm[section.body.end..]);
+    out
 }
 
 /// How many functions the import section brings in (they come first in the index space).
@@ -256,6 +261,14 @@ pub fn imports(wasm: &[u8], secs: &[Section]) -> Result<Vec<Import>, String> {
 
 /// The export section's names, in order.
 pub fn exports(wasm: &[u8], secs: &[Section]) -> Result<Vec<String>, String> {
+    Ok(export_entries(wasm, secs)?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect())
+}
+
+/// The export section's entries, in order: each one's name and its bytes in `wasm`.
+fn export_entries(wasm: &[u8], secs: &[Section]) -> Result<Vec<(String, Range<usize>)>, String> {
     let Some(section) = secs.iter().find(|s| s.id == 7) else {
         return Ok(Vec::new());
     };
@@ -266,9 +279,12 @@ pub fn exports(wasm: &[u8], secs: &[Section]) -> Result<Vec<String>, String> {
     };
     let mut out = Vec::new();
     for _ in 0..r.leb().ok_or_else(bad)? {
-        out.push(r.name().ok_or_else(bad)?);
+        let start = r.at;
+        let name = r.name().ok_or_else(bad)?;
         r.byte().ok_or_else(bad)?;
         r.leb().ok_or_else(bad)?;
+        let at = section.body.start;
+        out.push((name, at + start..at + r.at));
     }
     Ok(out)
 }
@@ -284,32 +300,18 @@ pub fn drop_exports(
     let Some(section) = secs.iter().find(|s| s.id == 7) else {
         return Ok((wasm.to_vec(), Vec::new()));
     };
-    let bad = || "the export section is malformed".to_string();
-    let mut r = Cursor {
-        b: &wasm[section.body.clone()],
-        at: 0,
-    };
     let (mut kept, mut entries, mut dropped) = (0, Vec::new(), Vec::new());
-    for _ in 0..r.leb().ok_or_else(bad)? {
-        let start = r.at;
-        let name = r.name().ok_or_else(bad)?;
-        r.byte().ok_or_else(bad)?;
-        r.leb().ok_or_else(bad)?;
+    for (name, bytes) in export_entries(wasm, &secs)? {
         if keep(&name) {
             kept += 1;
-            entries.extend_from_slice(&r.b[start..r.at]);
+            entries.extend_from_slice(&wasm[bytes]);
         } else {
             dropped.push(name);
         }
     }
     let mut contents = leb128_bytes(kept);
     contents.extend_from_slice(&entries);
-    let mut out = wasm[..section.start].to_vec();
-    out.push(7);
-    out.extend_from_slice(&leb128_bytes(contents.len()));
-    out.extend_from_slice(&contents);
-    out.extend_from_slice(&wasm[section.body.end..]);
-    Ok((out, dropped))
+    Ok((replace_section(wasm, section, &contents), dropped))
 }
 
 /// The name section's function names, by function index.
