@@ -239,6 +239,15 @@ fn serve(a: ServeArgs) -> Result<(), String> {
                 .into(),
         );
     }
+    // The admin key is the whole of the admin API's authentication: an empty one (an
+    // environment variable set to nothing) let a request with `Authorization: Bearer ` reassign,
+    // kick and close any room, and a short one is guessed. Not echoed.
+    if a.admin_key.as_ref().is_some_and(|k| k.len() < 16) {
+        return Err(
+            "--admin-key must be 16 bytes or more (leave it unset to turn the admin API off)"
+                .into(),
+        );
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if a.log_json {

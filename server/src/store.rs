@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -359,6 +359,8 @@ pub struct SqliteStore {
     pub inbox_retention_ms: i64,
     /// ... and forgets participants not seen for this long ([`PARTICIPANT_RETENTION_MS`]).
     pub participant_retention_ms: i64,
+    /// Commands queued for the group committer at most ([`MAX_QUEUED_COMMANDS`]).
+    pub max_queued_commands: usize,
 }
 
 fn parse_id<T: TryFrom<String>>(s: Option<String>) -> Option<T> {
@@ -786,6 +788,26 @@ async fn remember_in_tx(
 /// Most decisions a group commit takes in one transaction.
 const GROUP_MAX: usize = 256;
 
+/// Commands waiting for the committer at most (default of [`SqliteStore::max_queued_commands`]):
+/// when the store falls behind, a command past it is answered `unavailable` (retry in 500 ms) at
+/// once instead of queueing. Sixteen full groups; each connection may send 50 a second, so
+/// without a bound a slow disk let the queue, and the memory it holds, grow without end.
+/// Renewals and first sightings are not counted: there is at most one of each per session.
+pub const MAX_QUEUED_COMMANDS: usize = 16 * GROUP_MAX;
+
+/// The answer of a command refused because [`MAX_QUEUED_COMMANDS`] are waiting already.
+pub const STORE_BUSY: &str = "busy: too many commands queued";
+
+/// A queued command's place in the count of [`MAX_QUEUED_COMMANDS`], given back when the job is
+/// run or dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 type Reply<T> = oneshot::Sender<StoreResult<T>>;
 
 /// A decision for the group committer: its checks and effect run in a savepoint of the group's
@@ -795,6 +817,7 @@ enum Job {
         req: Box<CommandReq>,
         signer: Keypair,
         reply: Reply<CommandDone>,
+        _slot: Slot,
     },
     Renew {
         renewal: Renewal,
@@ -847,6 +870,8 @@ struct GroupCommit {
     tx: mpsc::UnboundedSender<Job>,
     /// Transactions the committer has committed.
     commits: Arc<AtomicU64>,
+    /// Commands queued and not yet run.
+    commands: Arc<AtomicUsize>,
 }
 
 impl GroupCommit {
@@ -854,7 +879,18 @@ impl GroupCommit {
         let (tx, rx) = mpsc::unbounded_channel();
         let commits = Arc::new(AtomicU64::new(0));
         tokio::spawn(group_committer(writer, rx, commits.clone()));
-        Self { tx, commits }
+        Self {
+            tx,
+            commits,
+            commands: Arc::default(),
+        }
+    }
+
+    /// A place for one more command in the queue, if fewer than `max` wait.
+    fn slot(&self, max: usize) -> Option<Slot> {
+        let taken = self.commands.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot(self.commands.clone());
+        (taken < max).then_some(slot)
     }
 
     /// Queues the job now; the returned future resolves to its answer.
@@ -925,7 +961,9 @@ async fn run_group(
             break;
         }
         let (answer, keep) = match job {
-            Job::Command { req, signer, reply } => {
+            Job::Command {
+                req, signer, reply, ..
+            } => {
                 let r = command_in_tx(&mut tx, &req, &signer).await;
                 let keep = matches!(r, Ok((_, true)));
                 (answer(reply, r.map(|(done, _)| done)), keep)
@@ -996,6 +1034,7 @@ impl SqliteStore {
             keep_for_webhook: false,
             inbox_retention_ms: INBOX_RETENTION_MS,
             participant_retention_ms: PARTICIPANT_RETENTION_MS,
+            max_queued_commands: MAX_QUEUED_COMMANDS,
         })
     }
 
@@ -1149,10 +1188,15 @@ impl Store for SqliteStore {
     }
 
     fn command(&self, req: CommandReq, signer: &Keypair) -> Pending<CommandDone> {
+        let Some(slot) = self.group.slot(self.max_queued_commands) else {
+            metrics::counter!("hostlease_store_busy_total").increment(1);
+            return Box::pin(std::future::ready(Err(StoreError(STORE_BUSY.into()))));
+        };
         Box::pin(self.group.submit(|reply| Job::Command {
             req: Box::new(req),
             signer: signer.clone(),
             reply,
+            _slot: slot,
         }))
     }
 

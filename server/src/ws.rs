@@ -1243,7 +1243,10 @@ pub fn command(
                 done.outcome
             }
             Err(e) => {
-                tracing::warn!(error = %e, "command failed in store");
+                // A full queue is counted (`hostlease_store_busy_total`), not logged per command.
+                if e.0 != crate::store::STORE_BUSY {
+                    tracing::warn!(error = %e, "command failed in store");
+                }
                 metrics::counter!("hostlease_commands_total", "result" => RejectCode::Unavailable.as_str())
                     .increment(1);
                 Outcome::Rejected {

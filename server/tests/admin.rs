@@ -64,7 +64,7 @@ async fn admin_reassign_kick_and_close() {
     }
     let r = http
         .post(format!("{base}/reassign"))
-        .bearer_auth("admin-secret")
+        .bearer_auth("admin-secret-key-1234")
         .json(&serde_json::json!({"to": "carol"}))
         .send()
         .await
@@ -98,7 +98,7 @@ async fn admin_reassign_kick_and_close() {
     // Closing: hostless with reason closed, everyone closed, new joins refused.
     let r = http
         .post(format!("{base}/close"))
-        .bearer_auth("admin-secret")
+        .bearer_auth("admin-secret-key-1234")
         .send()
         .await
         .unwrap();
@@ -307,6 +307,30 @@ fn cli_keygen_token_and_graceful_shutdown() {
         "a server that did not start left files behind"
     );
 
+    // An empty or short admin key (anyone could use the admin API with it) stops the server
+    // before it starts, without echoing the key.
+    for short in ["", "s3cr3t-15-bytes"] {
+        let out = std::process::Command::new(bin)
+            .args(["serve", "--listen", "127.0.0.1:0", "--dev"])
+            .arg("--db")
+            .arg(format!(
+                "sqlite://{}",
+                dir.path().join("admin.db").display()
+            ))
+            .arg("--server-key")
+            .arg(dir.path().join("admin-server.json"))
+            .env("HOSTLEASE_ADMIN_KEY", short)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{short:?}: {err}");
+        assert!(
+            err.contains("--admin-key must be 16 bytes or more"),
+            "{err}"
+        );
+        assert!(short.is_empty() || !err.contains(short), "{err}");
+    }
+
     // SIGTERM: the server exits cleanly.
     std::fs::copy(&key, dir.path().join("app-key.json")).unwrap();
     let db = format!("sqlite://{}", dir.path().join("s.db").display());
@@ -337,7 +361,7 @@ async fn per_room_ttl_applies_from_the_next_grant() {
     let http = reqwest::Client::new();
     let r = http
         .post(format!("http://{}/v1/admin/rooms/ttl/ttl", srv.addr))
-        .bearer_auth("admin-secret")
+        .bearer_auth("admin-secret-key-1234")
         .json(&serde_json::json!({"lease_ms": 3000}))
         .send()
         .await
@@ -391,7 +415,7 @@ async fn lowering_the_ttl_under_a_live_host_does_not_fail_it_over() {
         .await;
     let r = reqwest::Client::new()
         .post(format!("http://{}/v1/admin/rooms/low/ttl", srv.addr))
-        .bearer_auth("admin-secret")
+        .bearer_auth("admin-secret-key-1234")
         .json(&serde_json::json!({"lease_ms": 1500}))
         .send()
         .await
@@ -442,7 +466,7 @@ async fn closing_a_hostless_room_does_not_move_the_epoch() {
         .await;
     let r = reqwest::Client::new()
         .post(format!("http://{}/v1/admin/rooms/hl/close", srv.addr))
-        .bearer_auth("admin-secret")
+        .bearer_auth("admin-secret-key-1234")
         .send()
         .await
         .unwrap();
@@ -470,7 +494,7 @@ async fn reassigning_a_hostless_room_without_candidates_does_not_move_the_epoch(
         async move {
             let r = http
                 .post(format!("http://{addr}/v1/admin/rooms/{room}/reassign"))
-                .bearer_auth("admin-secret")
+                .bearer_auth("admin-secret-key-1234")
                 .send()
                 .await
                 .unwrap();
@@ -538,7 +562,7 @@ async fn a_request_dropped_by_its_client_releases_the_room() {
             "http://{}/v1/admin/rooms/dropped/reassign",
             srv.addr
         ))
-        .bearer_auth("admin-secret")
+        .bearer_auth("admin-secret-key-1234")
         .timeout(Duration::from_millis(300))
         .send()
         .await;
@@ -570,7 +594,7 @@ async fn dot_room_names_are_refused() {
         let mut tcp = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
         let req = format!(
             "POST /v1/admin/rooms/{room}/close HTTP/1.1\r\nhost: x\r\n\
-             authorization: Bearer admin-secret\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+             authorization: Bearer admin-secret-key-1234\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
         );
         tcp.write_all(req.as_bytes()).await.unwrap();
         let mut got = String::new();
@@ -624,7 +648,7 @@ async fn a_kick_whose_client_goes_away_still_replaces_the_host() {
     let decide = hub.decide.lock().await;
     let r = reqwest::Client::new()
         .post(format!("http://{}/v1/admin/rooms/kg/kick", srv.addr))
-        .bearer_auth("admin-secret")
+        .bearer_auth("admin-secret-key-1234")
         .json(&serde_json::json!({"participant": "alice"}))
         .timeout(Duration::from_millis(300))
         .send()
@@ -929,7 +953,7 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
 async fn reassign_to(addr: std::net::SocketAddr, room: &str, to: &str) {
     let r = reqwest::Client::new()
         .post(format!("http://{addr}/v1/admin/rooms/{room}/reassign"))
-        .bearer_auth("admin-secret")
+        .bearer_auth("admin-secret-key-1234")
         .json(&serde_json::json!({ "to": to }))
         .send()
         .await

@@ -46,6 +46,45 @@ async fn grant_won(
     ));
 }
 
+/// Room `group` granted to alice (epoch 1), and her host capability.
+async fn hosted(store: &SqliteStore, keys: &Keypair) -> (RoomId, CapClaims) {
+    let room = RoomId::new("group").unwrap();
+    let host = ParticipantId::new("alice").unwrap();
+    let sid = SessionId::new("s-alice").unwrap();
+    grant_won(store, keys, &room, 0, (host.clone(), sid.clone())).await;
+    let now = store.now_ms().await.unwrap();
+    let claims = CapClaims {
+        room: room.clone(),
+        sub: host,
+        sid,
+        role: Role::Host,
+        epoch: Some(Epoch(1)),
+        actions: vec![Action::new("poll.open").unwrap()],
+        exp: now + LEASE,
+        sat: now,
+        kid: keys.kid.clone(),
+    };
+    (room, claims)
+}
+
+/// The host command `poll.open {n}` with idempotency key `key`, sent with `claims`.
+fn host_command(claims: &CapClaims, key: &str, n: u64) -> CommandReq {
+    CommandReq {
+        room: claims.room.clone(),
+        sender: claims.sub.clone(),
+        sender_session: Some(claims.sid.clone()),
+        claims: claims.clone(),
+        kind: ActionKind::Host,
+        action: Action::new("poll.open").unwrap(),
+        payload: json!({ "n": n }).into(),
+        epoch: Some(Epoch(1)),
+        key: IdempotencyKey::new(key).unwrap(),
+        next_holder: None,
+        refuse: None,
+        lease_ms: LEASE,
+    }
+}
+
 enum Req {
     Command(Box<CommandReq>),
     Renew(SessionId),
@@ -60,38 +99,10 @@ enum Got {
 async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing() {
     let (_dir, store) = temp_store().await;
     let keys = Keypair::generate("k1");
-    let room = RoomId::new("group").unwrap();
-    let host = ParticipantId::new("alice").unwrap();
-    let sid = SessionId::new("s-alice").unwrap();
-    grant_won(&store, &keys, &room, 0, (host.clone(), sid.clone())).await;
-    let now = store.now_ms().await.unwrap();
-    let action = Action::new("poll.open").unwrap();
-    let claims = CapClaims {
-        room: room.clone(),
-        sub: host.clone(),
-        sid: sid.clone(),
-        role: Role::Host,
-        epoch: Some(Epoch(1)),
-        actions: vec![action.clone()],
-        exp: now + LEASE,
-        sat: now,
-        kid: keys.kid.clone(),
-    };
+    let (room, claims) = hosted(&store, &keys).await;
+    let (host, sid) = (claims.sub.clone(), claims.sid.clone());
     let cmd = |key: &str, n: u64, claims: &CapClaims| {
-        Req::Command(Box::new(CommandReq {
-            room: room.clone(),
-            sender: host.clone(),
-            sender_session: Some(sid.clone()),
-            claims: claims.clone(),
-            kind: ActionKind::Host,
-            action: action.clone(),
-            payload: json!({ "n": n }).into(),
-            epoch: Some(Epoch(1)),
-            key: IdempotencyKey::new(key).unwrap(),
-            next_holder: None,
-            refuse: None,
-            lease_ms: LEASE,
-        }))
+        Req::Command(Box::new(host_command(claims, key, n)))
     };
     let stale = CapClaims {
         epoch: Some(Epoch(0)),
@@ -160,18 +171,54 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
     assert_eq!(ns, (0..25).collect::<Vec<_>>());
 
     // A decision queued alone still commits (and is answered) by itself.
-    let alone = store.command(
-        match cmd("k-alone", 7, &claims) {
-            Req::Command(c) => *c,
-            Req::Renew(_) => unreachable!(),
-        },
-        &keys,
-    );
+    let alone = store.command(host_command(&claims, "k-alone", 7), &keys);
     assert!(matches!(
         alone.await.unwrap().outcome,
         Outcome::Accepted { seq: Seq(27) }
     ));
     assert_eq!(store.group_commits() - before, 2);
+}
+
+/// While the committer cannot write (another process holds the database's write lock), commands
+/// queue up to `max_queued_commands`; one more is answered `busy` at once and changes nothing,
+/// and once the lock is let go the queued ones are decided and new ones queue again.
+#[tokio::test]
+async fn a_command_past_the_queue_bound_is_refused_at_once() {
+    let (dir, mut store) = temp_store().await;
+    store.max_queued_commands = 4;
+    let keys = Keypair::generate("k1");
+    let (room, claims) = hosted(&store, &keys).await;
+    let url = format!("sqlite://{}", dir.path().join("g.db").display());
+    let other = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let mut lock = other.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+
+    let queued: Vec<_> = (0..4)
+        .map(|i| store.command(host_command(&claims, &format!("q{i}"), i), &keys))
+        .collect();
+    let refused = store.command(host_command(&claims, "over", 4), &keys).await;
+    let err = refused
+        .map(|_| ())
+        .expect_err("the fifth command is refused");
+    assert_eq!(err.0, hostlease_server::store::STORE_BUSY);
+
+    sqlx::query("COMMIT").execute(&mut *lock).await.unwrap();
+    for (i, q) in join_all(queued).await.into_iter().enumerate() {
+        assert!(
+            matches!(q.unwrap().outcome, Outcome::Accepted { seq } if seq.0 == 2 + i as u64),
+            "queued command {i}"
+        );
+    }
+    let again = store.command(host_command(&claims, "over", 4), &keys).await;
+    assert!(matches!(
+        again.unwrap().outcome,
+        Outcome::Accepted { seq: Seq(6) }
+    ));
+    let row = store.room(&room).await.unwrap().unwrap();
+    assert_eq!(row.seq, Seq(6), "the refused command took no seq");
 }
 
 /// The offline-inbox notifier writes a batch of outbox rows from several rooms in one go: each

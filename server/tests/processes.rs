@@ -293,7 +293,7 @@ async fn a_room_closed_through_one_process_closes_on_the_other() {
     for room in ["cl", "cl2"] {
         let r = http
             .post(format!("http://{}/v1/admin/rooms/{room}/close", p1.addr))
-            .bearer_auth("admin-secret")
+            .bearer_auth("admin-secret-key-1234")
             .send()
             .await
             .unwrap();

@@ -41,7 +41,7 @@ pub fn test_config() -> Config {
     Config {
         lease_ms: 1500,
         sweep_ms: 20,
-        admin_key: Some("admin-secret".into()),
+        admin_key: Some("admin-secret-key-1234".into()),
         ..Config::default()
     }
 }
@@ -349,7 +349,7 @@ impl Sdk {
 pub async fn kick(addr: SocketAddr, room: &str, p: &str) -> u64 {
     let r = reqwest::Client::new()
         .post(format!("http://{addr}/v1/admin/rooms/{room}/kick"))
-        .bearer_auth("admin-secret")
+        .bearer_auth("admin-secret-key-1234")
         .json(&serde_json::json!({ "participant": p }))
         .send()
         .await
@@ -415,7 +415,7 @@ pub fn spawn_proc(
             "--sweep-ms",
             "20",
             "--admin-key",
-            "admin-secret",
+            "admin-secret-key-1234",
         ])
         .args(extra)
         .env("RUST_LOG", "debug")
