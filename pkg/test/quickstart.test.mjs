@@ -110,9 +110,7 @@ function lastHost(t) {
 }
 
 async function roomSeq() {
-  const res = await fetch(`${srv.base}/v1/rooms/lunch`);
-  assert.equal(res.status, 200);
-  return (await res.json()).seq;
+  return (await srv.snapshot("lunch")).seq;
 }
 
 test("the README's quick start in a fresh Vite app: a host, its poll, and a new host when its tab is closed", async () => {

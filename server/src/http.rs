@@ -261,11 +261,22 @@ async fn ws_upgrade(
         .on_upgrade(move |socket| crate::ws::run(app, room, client_key(addr.ip()), socket))
 }
 
-async fn snapshot(State(app): State<Arc<App>>, Path(room): Path<String>) -> Response {
+/// The room's snapshot, for the app backend (admin key) or a participant (a join token for the
+/// room): it names the members, so it is not for anyone who guesses a room id.
+async fn snapshot(
+    State(app): State<Arc<App>>,
+    Path(room): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let room = match room_id(&room) {
         Ok(r) => r,
         Err(e) => return e,
     };
+    if !admin_ok(&app, &headers) {
+        if let Err(e) = join_claims(&app, &headers, &room) {
+            return e;
+        }
+    }
     let hub = match app.room(&room).await {
         Ok(Some(h)) => h,
         Ok(None) => return (StatusCode::SERVICE_UNAVAILABLE, "too many rooms").into_response(),
@@ -373,6 +384,20 @@ struct InboxQuery {
     since: u64,
 }
 
+/// The claims of the request's `Bearer` join token, if it is valid for `room` and unexpired.
+fn join_claims(app: &App, headers: &HeaderMap, room: &RoomId) -> Result<JoinClaims, Response> {
+    let Some(token) = bearer(headers) else {
+        return Err((StatusCode::UNAUTHORIZED, "missing bearer join token").into_response());
+    };
+    match app
+        .join_keys
+        .verify::<JoinClaims>(JOIN_PREFIX, token.expose())
+    {
+        Ok(c) if c.room == *room && c.exp > crate::tokens::now_ms() => Ok(c),
+        _ => Err((StatusCode::FORBIDDEN, "join token refused").into_response()),
+    }
+}
+
 /// The durable inbox of the participant named by a join token for the room (Bearer).
 async fn inbox(
     State(app): State<Arc<App>>,
@@ -384,15 +409,9 @@ async fn inbox(
         Ok(r) => r,
         Err(e) => return e,
     };
-    let Some(token) = bearer(&headers) else {
-        return (StatusCode::UNAUTHORIZED, "missing bearer join token").into_response();
-    };
-    let claims: JoinClaims = match app
-        .join_keys
-        .verify::<JoinClaims>(JOIN_PREFIX, token.expose())
-    {
-        Ok(c) if c.room == room && c.exp > crate::tokens::now_ms() => c,
-        _ => return (StatusCode::FORBIDDEN, "join token refused").into_response(),
+    let claims = match join_claims(&app, &headers, &room) {
+        Ok(c) => c,
+        Err(e) => return e,
     };
     const PAGE: i64 = 256;
     match app.store.inbox(&room, &claims.sub, q.since, PAGE).await {

@@ -17,7 +17,7 @@ use hostlease_server::store::{
     CommandDone, CommandReq, GrantOutcome, GrantReq, Pending, Renewed, RoomRow, SqliteStore,
     StoreResult, Swept,
 };
-use hostlease_server::tokens::Keypair;
+use hostlease_server::tokens::{JoinClaims, Keypair, JOIN_PREFIX};
 
 async fn ptoken(r: &mut Raw) -> Token {
     r.until(|m| match m {
@@ -339,8 +339,36 @@ async fn assignments_are_signed_and_http_reads_work() {
         .unwrap();
     let vk = VerifyingKey::from_bytes(&x.try_into().unwrap()).unwrap();
 
+    // The snapshot names the members: it is read with a join token for the room (a participant)
+    // or the admin key (the app backend), not by anyone who knows the room id.
+    let status = |auth: Option<String>| {
+        let mut req = http.get(format!("{base}/v1/rooms/sig"));
+        if let Some(a) = auth {
+            req = req.bearer_auth(a);
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let other_room = join_token(&srv.app_key, "other", "bob", false);
+    let expired = {
+        let claims = JoinClaims {
+            room: RoomId::new("sig").unwrap(),
+            sub: ParticipantId::new("bob").unwrap(),
+            name: String::new(),
+            may_host: false,
+            exp: hostlease_server::tokens::now_ms() - 1,
+            kid: srv.app_key.kid.clone(),
+        };
+        srv.app_key.sign_token(JOIN_PREFIX, &claims)
+    };
+    assert_eq!(status(None).await, 401);
+    assert_eq!(status(Some("admin-secret-key-123".into())).await, 403);
+    assert_eq!(status(Some(other_room.expose().into())).await, 403);
+    assert_eq!(status(Some(expired)).await, 403);
+    assert_eq!(status(Some("admin-secret-key-1234".into())).await, 200);
+    let bob = join_token(&srv.app_key, "sig", "bob", false);
     let snap: Snapshot = http
         .get(format!("{base}/v1/rooms/sig"))
+        .bearer_auth(bob.expose())
         .send()
         .await
         .unwrap()

@@ -68,6 +68,14 @@ export async function startServer({ leaseMs = 1500, www, heartbeatMs, appKey } =
       if (!res.ok) throw new Error(`dev token: HTTP ${res.status}`);
       return (await res.json()).token;
     },
+    /** `GET /v1/rooms/{room}` (the snapshot) as the app's backend reads it, with the admin key. */
+    async snapshot(room) {
+      const res = await fetch(`${base}/v1/rooms/${encodeURIComponent(room)}`, {
+        headers: { authorization: `Bearer ${ADMIN_KEY}` },
+      });
+      if (!res.ok) throw new Error(`snapshot: HTTP ${res.status} ${await res.text()}`);
+      return res.json();
+    },
     /** `POST /v1/admin/rooms/{room}/{action}` as the app's backend would. */
     async admin(room, action, body = {}) {
       const res = await fetch(`${base}/v1/admin/rooms/${encodeURIComponent(room)}/${action}`, {
