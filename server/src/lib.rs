@@ -58,6 +58,10 @@ pub struct Config {
     /// socket that opens and sends nothing, or half a head, is closed after this (each held a
     /// task and a file handle for ever).
     pub header_timeout_ms: u64,
+    /// How long an accepted command's result waits for its event to be published, so that the
+    /// event reaches the client first (past it the result goes out anyway and the client, which
+    /// has not seen the event, resyncs). The wait runs beside the session's other work.
+    pub answer_wait_ms: u64,
     /// Items kept in each room's log (older ones are announced as a discontinuity).
     pub log_keep: i64,
     pub admin_key: Option<String>,
@@ -92,6 +96,7 @@ impl Default for Config {
             heartbeat_ms: hostlease::protocol::codec::HEARTBEAT_MS,
             write_timeout_ms: 10_000,
             header_timeout_ms: 10_000,
+            answer_wait_ms: 500,
             log_keep: 10_000,
             admin_key: None,
             webhook_url: None,

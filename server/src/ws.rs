@@ -51,9 +51,6 @@ const PUBLISH_WAIT: Duration = Duration::from_millis(100);
 /// Probes whose echo still renews the lease (the client keeps as many echoes).
 const PROBES_KEPT: usize = 4;
 
-/// How long a command's result waits for its event to be published (see `Conn::answer`).
-const ANSWER_WAIT: Duration = Duration::from_millis(500);
-
 /// The replayed items' share of a welcome, in encoded bytes: a quarter of the client's 4 MiB
 /// frame limit, leaving room for a full snapshot (a larger log made every welcome too large to
 /// read, and the client dialled for ever). A client further behind gets the newest items that
@@ -939,19 +936,17 @@ impl Conn {
     }
 
     /// Sends a command's result after the event it committed: the client takes an accepted seq
-    /// it has not seen on the stream for a lost event and resyncs. The result can be ready before
-    /// the publisher has tailed the outbox, so it waits for that (at most `ANSWER_WAIT`; past it
-    /// the client resyncs, which is correct, only slower).
+    /// it has not seen on the stream for a lost event and resyncs. An accepted result comes out
+    /// of `commands` once its event was published here (or `answer_wait_ms` passed: see
+    /// `on_client`), so the event is in `rx` and goes out first.
     async fn answer(&mut self, answer: ServerMsg, rx: &mut BroadcastStream<Bcast>) -> Flow {
         if let ServerMsg::CommandResult {
-            outcome: Outcome::Accepted { seq },
+            outcome: Outcome::Accepted { .. },
             ..
         } = &answer
         {
-            if self.room.wait_published(*seq, ANSWER_WAIT).await {
-                if let Flow::End(e) = self.drain_broadcasts(rx).await {
-                    return Flow::End(e);
-                }
+            if let Flow::End(e) = self.drain_broadcasts(rx).await {
+                return Flow::End(e);
             }
         }
         if self.send(&answer).await {
@@ -1146,11 +1141,19 @@ impl Conn {
                         epoch,
                     },
                 );
+                // The result waits for its event to be published here, beside the others in
+                // flight: the session reads, probes and writes on meanwhile. (It used to wait in
+                // the session's loop, 500 ms for each result in turn when the publisher lagged,
+                // so that a host's burst of commands held its lease echoes unread until the lease
+                // lapsed.)
+                let room = self.room.clone();
+                let wait = Duration::from_millis(self.app.cfg.answer_wait_ms);
                 commands.push_back(Box::pin(async move {
-                    ServerMsg::CommandResult {
-                        id,
-                        outcome: outcome.await,
+                    let outcome = outcome.await;
+                    if let Outcome::Accepted { seq } = &outcome {
+                        room.wait_published(*seq, wait).await;
                     }
+                    ServerMsg::CommandResult { id, outcome }
                 }));
                 Flow::Continue
             }

@@ -1136,6 +1136,8 @@ struct Slow {
     held: Option<tokio::sync::watch::Receiver<bool>>,
     /// A recorded kick is answered this late (it is committed, and visible, at once).
     kick: Duration,
+    /// The publisher reads nothing from the outbox until this reads `true` (it lags).
+    outbox: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 #[async_trait::async_trait]
@@ -1189,6 +1191,9 @@ impl hostlease_server::store::Store for Slowed {
         self.store.log_range(r, a, u, l).await
     }
     async fn outbox_after(&self, a: i64, l: i64) -> StoreResult<Vec<(i64, RoomId, Item)>> {
+        if let Some(mut open) = self.slow.outbox.clone() {
+            let _ = open.wait_for(|open| *open).await;
+        }
         self.store.outbox_after(a, l).await
     }
     async fn unnotified(&self, l: i64) -> StoreResult<Vec<(i64, RoomId, String)>> {
@@ -1315,6 +1320,66 @@ async fn a_client_the_server_stopped_reading_is_not_given_up() {
         let o = result_of(&mut a, &format!("v{i}")).await;
         assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
     }
+}
+
+/// A result waiting for its event to be published (the publisher lags) holds up nothing else of
+/// its session: heartbeats go out meanwhile, and once the event is published it goes out, then
+/// the result. The wait ran in the session's loop, 500 ms for each result in turn, so that a
+/// host's burst of commands left its lease echoes unread until the lease lapsed; here the wait
+/// is a minute, and nothing at all came out of the session for that long.
+#[tokio::test]
+async fn a_result_waiting_for_its_event_holds_up_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = hostlease_server::Config {
+        heartbeat_ms: 200,
+        answer_wait_ms: 60_000,
+        ..test_config()
+    };
+    let (publish, outbox) = tokio::sync::watch::channel(false);
+    let (app, addr, app_key) = serve_slowed(
+        &dir,
+        cfg,
+        Slow {
+            outbox: Some(outbox),
+            ..Slow::default()
+        },
+    )
+    .await;
+    let room = RoomId::new("lag").unwrap();
+    let mut a = Raw::join(
+        addr,
+        "lag",
+        &join_token(&app_key, "lag", "alice", false),
+        None,
+    )
+    .await;
+    let p = ptoken(&mut a).await;
+    a.send(&vote_frame(&p, "v", serde_json::json!({ "option": 1 })))
+        .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while app.store.room(&room).await.unwrap().map(|r| r.seq) != Some(Seq(1)) {
+        assert!(tokio::time::Instant::now() < deadline, "never committed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Decided, its event not published: the session goes on.
+    for _ in 0..3 {
+        let m = a
+            .until(|m| (!matches!(m, ServerMsg::Presence { .. })).then(|| m.clone()))
+            .await;
+        assert!(matches!(m, ServerMsg::Heartbeat), "{m:?}");
+    }
+    publish.send_replace(true);
+    let m = a
+        .until(|m| (!matches!(m, ServerMsg::Heartbeat)).then(|| m.clone()))
+        .await;
+    assert!(
+        matches!(&m, ServerMsg::Event(e) if e.seq == Seq(1)),
+        "the event first: {m:?}"
+    );
+    assert_eq!(
+        result_of(&mut a, "v").await,
+        Outcome::Accepted { seq: Seq(1) }
+    );
 }
 
 /// The server accepts connections only once its publisher knows where the outbox stands: a
