@@ -239,9 +239,9 @@ fn serve(a: ServeArgs) -> Result<(), String> {
                 .into(),
         );
     }
-    // The admin key is the whole of the admin API's authentication: an empty one (an
-    // environment variable set to nothing) let a request with `Authorization: Bearer ` reassign,
-    // kick and close any room, and a short one is guessed. Not echoed.
+    // The admin key is the whole of the admin API's authentication (reassign, kick and close
+    // any room): a short one is guessed, and an empty one (an environment variable set to
+    // nothing) is a mistake best caught at start. Not echoed.
     if a.admin_key.as_ref().is_some_and(|k| k.len() < 16) {
         return Err(
             "--admin-key must be 16 bytes or more (leave it unset to turn the admin API off)"
