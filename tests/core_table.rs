@@ -1578,3 +1578,39 @@ fn a_resend_refused_here_after_an_unanswered_attempt_fails_interrupted() {
         "{ev:?}"
     );
 }
+
+/// A participant command sent and never answered (the connection dropped) goes again with its
+/// key after the resync while the server still keeps the key; after a sleep longer than the
+/// resend window (an hour short of the server's `IDEMPOTENCY_RETENTION_MS`) a resend could apply
+/// it a second time, so it fails `Interrupted` and is not sent.
+#[test]
+fn an_unanswered_command_is_not_resent_once_the_server_may_have_forgotten_its_key() {
+    for (asleep, resent) in [
+        (codec::RESEND_WINDOW_MS - 1_000, true),
+        (codec::RESEND_WINDOW_MS, false),
+    ] {
+        let mut v = live("b", "a", 2);
+        let key = v
+            .command(at(20), action("vote"), js(json!({"o": 1})), None)
+            .unwrap();
+        let (t, _) = drain(&mut v);
+        assert!(matches!(&t[..], [ClientMsg::Command { id, .. }] if id == &key));
+        v.handle_disconnected(at(21));
+        let back = 20 + asleep;
+        v.handle_connected(at(back), Token::new("jt"));
+        drain(&mut v);
+        let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
+        v.handle_server(at(back + 1), welcome("b", snap, vec![]));
+        v.handle_server(at(back + 1), participant_cap());
+        let (t, ev) = drain(&mut v);
+        let sent = t
+            .iter()
+            .any(|m| matches!(m, ClientMsg::Command { id, .. } if id == &key));
+        assert_eq!(sent, resent, "asleep {asleep} ms: {t:?}");
+        let interrupted = Event::CommandFailed {
+            id: key,
+            error: CommandError::Interrupted,
+        };
+        assert_eq!(ev.contains(&interrupted), !resent, "{ev:?}");
+    }
+}

@@ -34,8 +34,9 @@ use crate::tokens::{CapClaims, Keypair};
 /// The store clock in SQL: ms since the Unix epoch.
 pub const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
-/// How long idempotency records are kept (at least 24 h, as the design requires).
-pub const IDEMPOTENCY_RETENTION_MS: i64 = 48 * 3600 * 1000;
+/// How long idempotency records are kept (the protocol's, which the SDK's resends stay within).
+pub const IDEMPOTENCY_RETENTION_MS: i64 =
+    hostlease::protocol::codec::IDEMPOTENCY_RETENTION_MS as i64;
 /// How long an offline inbox entry is kept.
 pub const INBOX_RETENTION_MS: i64 = 7 * 24 * 3600 * 1000;
 /// A participant not seen (joined) for this long gets no more inbox entries, until it joins.

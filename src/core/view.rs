@@ -20,7 +20,7 @@ use super::backoff::{Backoff, Entropy, SplitMix64};
 use super::error::CommandError;
 use super::order::{election_cmp, provisional_coordinator};
 use super::time::Instant;
-use crate::protocol::codec::HEARTBEAT_MS;
+use crate::protocol::codec::{HEARTBEAT_MS, RESEND_WINDOW_MS};
 use crate::protocol::{
     Action, ActionKind, ActionTable, Assignment, ClientMsg, Epoch, ErrorCode, Gap, IdempotencyKey,
     Item, Member, Outcome, ParticipantId, RejectCode, Role, RoomEvent, Seq, ServerMsg, SessionId,
@@ -242,6 +242,9 @@ struct PendingCommand {
     /// For host commands: the epoch they were made in. They die with it.
     epoch: Option<Epoch>,
     attempts: u32,
+    /// When it was made: it is not sent again [`RESEND_WINDOW_MS`] after (the first attempt
+    /// went then or later).
+    made_at: Instant,
     state: CmdState,
 }
 
@@ -1247,6 +1250,7 @@ impl HostView {
             kind,
             epoch,
             attempts: 0,
+            made_at: now,
             state: CmdState::Queued,
         });
         let i = self.commands.len() - 1;
@@ -1461,8 +1465,11 @@ impl HostView {
             let before = self.commands.len();
             if self.commands[i].state == CmdState::Unknown {
                 let c = &self.commands[i];
-                if c.kind == ActionKind::Host
-                    && (c.epoch != self.epoch() || self.host_gate(now).is_err())
+                // Past the resend window the server may have forgotten the key (a laptop asleep
+                // for days): a resend could apply it a second time.
+                if now.ms_since(c.made_at) >= RESEND_WINDOW_MS
+                    || c.kind == ActionKind::Host
+                        && (c.epoch != self.epoch() || self.host_gate(now).is_err())
                 {
                     // Its outcome is unknown and resending could replay a stale intention: the
                     // room's event stream says whether it took effect.

@@ -41,6 +41,16 @@ pub const MAX_NAME_LEN: usize = 64;
 /// the connection dead, as a half-open TCP connection (a peer gone without a FIN, a NAT entry
 /// expired) may never report a close.
 pub const HEARTBEAT_MS: u64 = 15_000;
+
+/// How long the server keeps a command's idempotency record (at least 24 h, as the design
+/// requires): a command sent again with its key within this is answered its first outcome, never
+/// applied twice.
+pub const IDEMPOTENCY_RETENTION_MS: u64 = 48 * 3600 * 1000;
+
+/// How long after its first attempt the SDK sends a command again with the same key: an hour
+/// short of [`IDEMPOTENCY_RETENTION_MS`], the server's record may be gone past it (a laptop that
+/// slept for days with an unanswered vote), and the command then fails `Interrupted`.
+pub const RESEND_WINDOW_MS: u64 = IDEMPOTENCY_RETENTION_MS - 3600 * 1000;
 /// Longest error message in an error frame, in bytes.
 pub const MAX_MESSAGE_LEN: usize = 256;
 /// Longest base64url signature (an Ed25519 signature is 86 characters).
