@@ -199,10 +199,10 @@ export declare class Room {
    * `BadArgument`), by the server (`StaleEpoch`, `IdempotencyConflict`, `Rejected` with its code in `.reason`),
    * or unknown (`Timeout`, `Interrupted`, `Closed`). A command already sent once and never
    * answered that a check here refuses when it is due again fails `Interrupted`: the first attempt
-   * may have been applied. So does one whose result a dropped connection hid, when the resync
-   * comes 47 h or more after it was made (the server keeps idempotency keys 48 h: a resend could
-   * apply it twice). A participant command made offline stays pending and is sent after
-   * the resync. */
+   * may have been applied. So does one sent and never answered that would go again 47 h or
+   * more after it was made (a device asleep that long; the server keeps idempotency keys 48 h,
+   * and a resend could apply it twice). A participant command made offline stays pending and
+   * is sent after the resync. */
   command(action: string, payload?: unknown): Promise<{ id: string; seq: number }>;
   /** Tags a message of the host with its epoch; throws a `CommandError` (`NotHost`, or
    * `NotAuthoritative` while the lease is not held) when this tab may not act as host. */

@@ -1614,3 +1614,41 @@ fn an_unanswered_command_is_not_resent_once_the_server_may_have_forgotten_its_ke
         assert_eq!(ev.contains(&interrupted), !resent, "{ev:?}");
     }
 }
+
+/// The same when the resend falls due while the view still thinks it is live (the sleep went
+/// unnoticed: a clock that counts it, a page not hidden): the participant token has run out, so
+/// the command waits for a new one; it is not sent with it, nor after a resync.
+#[test]
+fn an_unanswered_command_due_again_after_an_unnoticed_sleep_is_not_resent() {
+    let mut v = live("b", "a", 2);
+    let key = v
+        .command(at(20), action("vote"), js(json!({"o": 1})), None)
+        .unwrap();
+    drain(&mut v);
+    let late = 20 + codec::RESEND_WINDOW_MS;
+    v.handle_timeout(at(late));
+    let (mut t, mut ev) = drain(&mut v);
+    let mut step = |v: &mut HostView| {
+        let (t2, ev2) = drain(v);
+        t.extend(t2);
+        ev.extend(ev2);
+    };
+    v.handle_server(at(late + 1), participant_cap());
+    step(&mut v);
+    v.handle_disconnected(at(late + 2));
+    v.handle_connected(at(late + 3), Token::new("jt"));
+    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
+    v.handle_server(at(late + 4), welcome("b", snap, vec![]));
+    v.handle_server(at(late + 4), participant_cap());
+    step(&mut v);
+    assert!(
+        !t.iter()
+            .any(|m| matches!(m, ClientMsg::Command { id, .. } if id == &key)),
+        "{t:?}"
+    );
+    let interrupted = Event::CommandFailed {
+        id: key,
+        error: CommandError::Interrupted,
+    };
+    assert!(ev.contains(&interrupted), "{ev:?}");
+}

@@ -242,8 +242,8 @@ struct PendingCommand {
     /// For host commands: the epoch they were made in. They die with it.
     epoch: Option<Epoch>,
     attempts: u32,
-    /// When it was made: it is not sent again [`RESEND_WINDOW_MS`] after (the first attempt
-    /// went then or later).
+    /// When it was made: no attempt goes [`RESEND_WINDOW_MS`] after, once one went (the first
+    /// attempt went then or later, so this errs early).
     made_at: Instant,
     state: CmdState,
 }
@@ -1353,6 +1353,12 @@ impl HostView {
     /// Sends (or resends, same key) command `i` if it may still be sent; fails it otherwise.
     fn send(&mut self, now: Instant, i: usize) {
         let c = &self.commands[i];
+        if c.attempts > 0 && now.ms_since(c.made_at) >= RESEND_WINDOW_MS {
+            // Sent, never answered, and the server may have forgotten its key by now (a laptop
+            // asleep for days): sent again, it could be applied a second time.
+            self.fail_at(i, CommandError::Interrupted);
+            return;
+        }
         if c.kind == ActionKind::Participant && self.have_snapshot {
             // A command made before the table was known: a host action made then had no
             // authority (host commands are never queued); an action in neither list is unknown.
@@ -1465,11 +1471,8 @@ impl HostView {
             let before = self.commands.len();
             if self.commands[i].state == CmdState::Unknown {
                 let c = &self.commands[i];
-                // Past the resend window the server may have forgotten the key (a laptop asleep
-                // for days): a resend could apply it a second time.
-                if now.ms_since(c.made_at) >= RESEND_WINDOW_MS
-                    || c.kind == ActionKind::Host
-                        && (c.epoch != self.epoch() || self.host_gate(now).is_err())
+                if c.kind == ActionKind::Host
+                    && (c.epoch != self.epoch() || self.host_gate(now).is_err())
                 {
                     // Its outcome is unknown and resending could replay a stale intention: the
                     // room's event stream says whether it took effect.

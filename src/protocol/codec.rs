@@ -47,9 +47,9 @@ pub const HEARTBEAT_MS: u64 = 15_000;
 /// applied twice.
 pub const IDEMPOTENCY_RETENTION_MS: u64 = 48 * 3600 * 1000;
 
-/// How long after its first attempt the SDK sends a command again with the same key: an hour
-/// short of [`IDEMPOTENCY_RETENTION_MS`], the server's record may be gone past it (a laptop that
-/// slept for days with an unanswered vote), and the command then fails `Interrupted`.
+/// How long after a command was made the SDK may send it again with the same key: an hour
+/// short of [`IDEMPOTENCY_RETENTION_MS`]. Past it the server's record may be gone (a laptop that
+/// slept for days with an unanswered vote), and a command already sent fails `Interrupted`.
 pub const RESEND_WINDOW_MS: u64 = IDEMPOTENCY_RETENTION_MS - 3600 * 1000;
 /// Longest error message in an error frame, in bytes.
 pub const MAX_MESSAGE_LEN: usize = 256;

@@ -423,9 +423,11 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     let mut bytes = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
     let glue = minify::rename_in_glue(&glue, &minify::parse_report(&report)?, &bytes)?;
     std::fs::write(&glue_path, glue).map_err(|e| format!("write {}: {e}", glue_path.display()))?;
-    let zeroed = strip::zero_panic_text(&mut bytes)?;
+    let (zeroed, locations) = strip::zero_panic_text(&mut bytes)?;
     std::fs::write(&wasm, &bytes).map_err(|e| format!("write {}: {e}", wasm.display()))?;
-    eprintln!("\n==> panic text zeroed: {zeroed} bytes (xtask/src/strip.rs)");
+    eprintln!(
+        "\n==> panic text zeroed: {zeroed} bytes, and {locations} panic locations (xtask/src/strip.rs)"
+    );
     run(
         "wasm-opt -Oz again (the zeroed text packed away)",
         &mut wasm_opt(&["-Oz"]),
