@@ -609,7 +609,7 @@ impl Conn {
                 self.heard = Instant::now();
             }
             let flow = tokio::select! {
-                m = stream.next(), if commands.len() < MAX_IN_FLIGHT => self.on_client(m, &mut commands).await,
+                m = stream.next(), if commands.len() < MAX_IN_FLIGHT => self.on_client(m, &mut commands, &mut rx).await,
                 Some(answer) = commands.next() => self.answer(answer, &mut rx).await,
                 b = rx.next() => match b {
                     Some(Ok(b)) => self.on_broadcasts(b, &mut rx).await,
@@ -652,7 +652,7 @@ impl Conn {
                 // The timer may have won the race against a frame already read from the socket
                 // (the loop was busy): one read that does not wait before the client is blamed.
                 Flow::Silent => match stream.next().now_or_never() {
-                    Some(m) => self.on_client(m, &mut commands).await,
+                    Some(m) => self.on_client(m, &mut commands, &mut rx).await,
                     None => {
                         metrics::counter!("hostlease_ws_unresponsive_total").increment(1);
                         Flow::End(false)
@@ -958,12 +958,19 @@ impl Conn {
 
     /// Writes every broadcast already received (published, so in `rx` or lagged past).
     async fn drain_broadcasts(&mut self, rx: &mut BroadcastStream<Bcast>) -> Flow {
-        while let Some(Some(Ok(b))) = rx.next().now_or_never() {
-            if let Flow::End(e) = self.on_broadcasts(b, rx).await {
-                return Flow::End(e);
+        loop {
+            match rx.next().now_or_never() {
+                Some(Some(Ok(b))) => {
+                    if let Flow::End(e) = self.on_broadcasts(b, rx).await {
+                        return Flow::End(e);
+                    }
+                }
+                // Lagged: the client sees the gap on the next item and resumes; what is queued
+                // after it still goes out first.
+                Some(Some(Err(_))) => {}
+                _ => return Flow::Continue,
             }
         }
-        Flow::Continue
     }
 
     /// Sends `first` and what else the room has already queued for this connection, up to
@@ -1021,6 +1028,7 @@ impl Conn {
         &mut self,
         m: Option<Result<Message, axum::Error>>,
         commands: &mut Commands,
+        rx: &mut BroadcastStream<Bcast>,
     ) -> Flow {
         let m = match m {
             Some(Ok(Message::Close(_))) => return Flow::End(true),
@@ -1096,9 +1104,9 @@ impl Conn {
             }
             ClientMsg::LeaseEcho { nonce } => self.on_echo(nonce).await,
             ClientMsg::Leave => {
-                // Commands sent before the leave are answered first.
+                // Commands sent before the leave are answered first, each after its event.
                 while let Some(answer) = commands.next().await {
-                    if !self.send(&answer).await {
+                    if let Flow::End(_) = self.answer(answer, rx).await {
                         break;
                     }
                 }

@@ -283,25 +283,20 @@ fn cli_keygen_token_and_graceful_shutdown() {
     assert!(!out.status.success());
     // A server without any key to verify join tokens with would refuse every join: it does not
     // start, and says what to pass.
-    let out = std::process::Command::new(bin)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .arg("--db")
-        .arg(format!(
-            "sqlite://{}",
-            dir.path().join("nokey.db").display()
-        ))
-        .arg("--server-key")
-        .arg(dir.path().join("nokey-server.json"))
-        .env_remove("HOSTLEASE_APP_KEY")
-        .env_remove("HOSTLEASE_DEV")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("no key to verify join tokens with"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let err = refused_at_start(
+        std::process::Command::new(bin)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .arg("--db")
+            .arg(format!(
+                "sqlite://{}",
+                dir.path().join("nokey.db").display()
+            ))
+            .arg("--server-key")
+            .arg(dir.path().join("nokey-server.json"))
+            .env_remove("HOSTLEASE_APP_KEY")
+            .env_remove("HOSTLEASE_DEV"),
     );
+    assert!(err.contains("no key to verify join tokens with"), "{err}");
     assert!(
         !dir.path().join("nokey.db").exists() && !dir.path().join("nokey-server.json").exists(),
         "a server that did not start left files behind"
@@ -310,20 +305,18 @@ fn cli_keygen_token_and_graceful_shutdown() {
     // An empty or short admin key (anyone could use the admin API with it) stops the server
     // before it starts, without echoing the key.
     for short in ["", "s3cr3t-15-bytes"] {
-        let out = std::process::Command::new(bin)
-            .args(["serve", "--listen", "127.0.0.1:0", "--dev"])
-            .arg("--db")
-            .arg(format!(
-                "sqlite://{}",
-                dir.path().join("admin.db").display()
-            ))
-            .arg("--server-key")
-            .arg(dir.path().join("admin-server.json"))
-            .env("HOSTLEASE_ADMIN_KEY", short)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{short:?}: {err}");
+        let err = refused_at_start(
+            std::process::Command::new(bin)
+                .args(["serve", "--listen", "127.0.0.1:0", "--dev"])
+                .arg("--db")
+                .arg(format!(
+                    "sqlite://{}",
+                    dir.path().join("admin.db").display()
+                ))
+                .arg("--server-key")
+                .arg(dir.path().join("admin-server.json"))
+                .env("HOSTLEASE_ADMIN_KEY", short),
+        );
         assert!(
             err.contains("--admin-key must be 16 bytes or more"),
             "{err}"

@@ -1330,14 +1330,44 @@ async fn a_client_the_server_stopped_reading_is_not_given_up() {
 #[tokio::test]
 async fn a_result_waiting_for_its_event_holds_up_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
+    let (publish, mut a) = vote_while_the_publisher_lags(&dir, 200).await;
+    // Decided, its event not published: the session goes on.
+    for _ in 0..3 {
+        let m = a
+            .until(|m| (!matches!(m, ServerMsg::Presence { .. })).then(|| m.clone()))
+            .await;
+        assert!(matches!(m, ServerMsg::Heartbeat), "{m:?}");
+    }
+    publish.send_replace(true);
+    event_then_result(&mut a).await;
+}
+
+/// A leave answers the commands sent before it the same way: each result after its event (the
+/// results went out as they came, and the session then closed with the event unsent).
+#[tokio::test]
+async fn a_leave_answers_each_command_after_its_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let (publish, mut a) = vote_while_the_publisher_lags(&dir, 15_000).await;
+    a.send(&ClientMsg::Leave).await;
+    publish.send_replace(true);
+    event_then_result(&mut a).await;
+}
+
+/// A server whose publisher reads nothing until the returned sender says `true`, with results
+/// that wait a minute for their event, and heartbeats every `heartbeat_ms`; alice, in its room
+/// `lag`, has sent vote `v`, which the store has committed.
+async fn vote_while_the_publisher_lags(
+    dir: &tempfile::TempDir,
+    heartbeat_ms: u64,
+) -> (tokio::sync::watch::Sender<bool>, Raw) {
     let cfg = hostlease_server::Config {
-        heartbeat_ms: 200,
+        heartbeat_ms,
         answer_wait_ms: 60_000,
         ..test_config()
     };
     let (publish, outbox) = tokio::sync::watch::channel(false);
     let (app, addr, app_key) = serve_slowed(
-        &dir,
+        dir,
         cfg,
         Slow {
             outbox: Some(outbox),
@@ -1361,24 +1391,29 @@ async fn a_result_waiting_for_its_event_holds_up_nothing_else() {
         assert!(tokio::time::Instant::now() < deadline, "never committed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Decided, its event not published: the session goes on.
-    for _ in 0..3 {
-        let m = a
-            .until(|m| (!matches!(m, ServerMsg::Presence { .. })).then(|| m.clone()))
-            .await;
-        assert!(matches!(m, ServerMsg::Heartbeat), "{m:?}");
-    }
-    publish.send_replace(true);
-    let m = a
-        .until(|m| (!matches!(m, ServerMsg::Heartbeat)).then(|| m.clone()))
-        .await;
+    (publish, a)
+}
+
+/// Reads the event of vote `v` (seq 1), then its result, and nothing else in between.
+async fn event_then_result(a: &mut Raw) {
+    let not_routine = |m: &ServerMsg| {
+        (!matches!(m, ServerMsg::Heartbeat | ServerMsg::Presence { .. })).then(|| m.clone())
+    };
+    let m = a.until(not_routine).await;
     assert!(
         matches!(&m, ServerMsg::Event(e) if e.seq == Seq(1)),
         "the event first: {m:?}"
     );
-    assert_eq!(
-        result_of(&mut a, "v").await,
-        Outcome::Accepted { seq: Seq(1) }
+    let m = a.until(not_routine).await;
+    assert!(
+        matches!(
+            &m,
+            ServerMsg::CommandResult {
+                outcome: Outcome::Accepted { seq: Seq(1) },
+                ..
+            }
+        ),
+        "then the result: {m:?}"
     );
 }
 

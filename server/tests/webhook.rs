@@ -113,38 +113,24 @@ fn a_webhook_url_it_cannot_deliver_to_is_refused_at_start() {
         (ok_url, "", "--webhook-url needs --webhook-secret"),
         (ok_url, "short", "--webhook-url needs --webhook-secret"),
     ] {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hostlease-server"))
-            .args([
-                "serve",
-                "--db",
-                "sqlite::memory:",
-                "--listen",
-                "127.0.0.1:0",
-            ])
-            .args(["--server-key", dir.path().join("k.json").to_str().unwrap()])
-            .args(["--webhook-url", url])
-            .args(
-                (!secret.is_empty())
-                    .then_some(["--webhook-secret", secret])
-                    .into_iter()
-                    .flatten(),
-            )
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        // A server that accepted the URL would serve on: stopped after a bounded wait.
-        let deadline = std::time::Instant::now() + WAIT;
-        while child.try_wait().unwrap().is_none() {
-            if std::time::Instant::now() > deadline {
-                child.kill().unwrap();
-                panic!("{url}: the server started");
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let out = child.wait_with_output().unwrap();
-        assert!(!out.status.success(), "{url}: exit status {:?}", out.status);
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused_at_start(
+            std::process::Command::new(env!("CARGO_BIN_EXE_hostlease-server"))
+                .args([
+                    "serve",
+                    "--db",
+                    "sqlite::memory:",
+                    "--listen",
+                    "127.0.0.1:0",
+                ])
+                .args(["--server-key", dir.path().join("k.json").to_str().unwrap()])
+                .args(["--webhook-url", url])
+                .args(
+                    (!secret.is_empty())
+                        .then_some(["--webhook-secret", secret])
+                        .into_iter()
+                        .flatten(),
+                ),
+        );
         assert!(err.contains(says), "{url}: {err}");
         assert!(!err.contains("s3cr3t"), "{err}");
     }

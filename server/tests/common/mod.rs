@@ -462,3 +462,25 @@ impl ProtocolBody for reqwest::Response {
         hostlease::protocol::codec::decode_body(&text, usize::MAX).expect("a protocol body")
     }
 }
+
+/// Runs `serve` (`cmd`, expected to refuse to start) and returns what it wrote to stderr. A
+/// server that starts anyway would serve on: it is killed after `WAIT` and the test fails.
+#[track_caller]
+pub fn refused_at_start(cmd: &mut std::process::Command) -> String {
+    let mut child = cmd
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the server started");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "exit status {:?}", out.status);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
