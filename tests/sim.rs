@@ -1,6 +1,7 @@
 //! Seeded simulation: a small model authority and N `HostView` cores exchanging messages in
 //! simulated time through a fault injector (reorder, duplicate, delay, drop, disconnect and
-//! reconnect, WebRTC partitions, local clock drift and forward jumps).
+//! reconnect, WebRTC partitions, local clock drift and forward jumps), and admin reassigns: grants
+//! forced on a room whose host may still hold its lease, fenced as the real server fences them.
 //!
 //! Checked on the recorded history of every schedule:
 //! - at no instant do two cores both hold host authority (split brain is impossible, not rare);
@@ -56,6 +57,7 @@ struct Faults {
     cut: u64,
     jump: u64,
     partition: u64,
+    admin: u64,
 }
 
 #[derive(Debug)]
@@ -130,6 +132,11 @@ struct Model {
     seq: Seq,
     current: Assignment,
     lease_expires: u64,
+    /// No lease is confirmed before this: a forced grant took a lease away that ran until then.
+    fenced_until: u64,
+    /// Hosts a forced grant replaced while their lease ran, and until when it ran: they may
+    /// still act as host (cut off, they do not know yet), and nobody else may until then.
+    displaced: Vec<(ParticipantId, u64)>,
     log: Vec<Item>,
     members: Vec<Member>,
     sessions: BTreeMap<SessionId, Session>,
@@ -143,6 +150,8 @@ struct Model {
     host_of_epoch: BTreeMap<Epoch, SessionId>,
     accepted_host: u64,
     rejected_host: u64,
+    /// Forced grants made while a host's lease ran.
+    forced_from_a_lease: u64,
     out: Vec<(usize, u64, ServerMsg)>,
 }
 
@@ -174,6 +183,8 @@ impl Model {
             seq: Seq::ZERO,
             current,
             lease_expires: 0,
+            fenced_until: 0,
+            displaced: Vec::new(),
             log: Vec::new(),
             members: Vec::new(),
             sessions: BTreeMap::new(),
@@ -186,6 +197,7 @@ impl Model {
             host_of_epoch: BTreeMap::new(),
             accepted_host: 0,
             rejected_host: 0,
+            forced_from_a_lease: 0,
             out: Vec::new(),
         }
     }
@@ -218,7 +230,8 @@ impl Model {
             current: self.current.clone().into(),
             members: self.members.clone(),
             seq: self.seq,
-            lease_remaining_ms: (is_host && self.lease_expires > now)
+            // No lease to tell of while fenced: it is not confirmed yet.
+            lease_remaining_ms: (is_host && self.lease_expires > now && self.fenced_until <= now)
                 .then(|| self.lease_expires - now),
             server_time: ServerTime(now),
             actions: Self::table(),
@@ -343,6 +356,17 @@ impl Model {
         if next.is_none() && self.current.host.is_none() {
             return; // hostless → hostless does not move the epoch
         }
+        // A forced grant (an admin's) fences the room until the lease it takes away has run
+        // out; a holder still fenced was never confirmed, and its lease adds nothing.
+        if matches!(reason, Reason::Admin | Reason::Kicked) && self.fenced_until <= now {
+            if let Some(host) = self.current.host.clone() {
+                self.fenced_until = self.fenced_until.max(self.lease_expires);
+                if self.lease_expires > now {
+                    self.displaced.push((host, self.lease_expires));
+                    self.forced_from_a_lease += 1;
+                }
+            }
+        }
         self.epoch = self.epoch.next();
         self.seq = self.seq.next();
         self.current = Assignment {
@@ -355,7 +379,12 @@ impl Model {
             reason,
             issued_at: ServerTime(now),
         };
-        self.lease_expires = if next.is_some() { now + self.ttl } else { 0 };
+        // The new lease runs from the fence, so that it does not lapse before it can be confirmed.
+        self.lease_expires = if next.is_some() {
+            now.max(self.fenced_until) + self.ttl
+        } else {
+            0
+        };
         self.log.push(Item::Assignment(self.current.clone().into()));
         self.broadcast(&ServerMsg::Assignment(self.current.clone().into()));
         self.nonces.clear();
@@ -396,10 +425,12 @@ impl Model {
         if self.current.session.as_ref() != Some(sid)
             || !self.nonces.contains(&nonce)
             || self.lease_expires <= now
+            // Fenced: nothing confirmed yet (the next probe, after the fence, may be).
+            || now < self.fenced_until
         {
             return;
         }
-        self.lease_expires = now + self.ttl;
+        self.lease_expires = self.lease_expires.max(now + self.ttl);
         let claims = Claims {
             sub: self.current.host.clone().unwrap(),
             sid: sid.clone(),
@@ -636,6 +667,7 @@ impl Sim {
             cut: rng.range(0, 15),
             jump: rng.range(0, 5),
             partition: rng.range(0, 10),
+            admin: rng.range(0, 5),
         };
         let clients = (0..n)
             .map(|i| {
@@ -998,6 +1030,26 @@ impl Sim {
                 let iso = !self.clients[i].isolated;
                 self.set_isolated(i, iso);
             }
+            81..=82 if self.rng.chance(f.admin * 100) => {
+                // The app's backend reassigns the room (admin API): to a member it names, or to
+                // whoever the election picks but the current host.
+                let now = self.now;
+                let m = &mut self.model;
+                let others: Vec<(ParticipantId, SessionId)> = m
+                    .members
+                    .iter()
+                    .filter(|x| m.current.session.as_ref() != Some(&x.session))
+                    .map(|x| (x.id.clone(), x.session.clone()))
+                    .collect();
+                if !others.is_empty() && self.rng.chance(500) {
+                    let to = others[self.rng.below(others.len() as u64) as usize].clone();
+                    m.grant_to(now, Some(to), Reason::Admin);
+                } else {
+                    let current = m.current.session.clone();
+                    m.grant(now, current.as_ref(), Reason::Admin);
+                }
+                self.flush_model();
+            }
             78..=80 => {
                 // A stale or replayed host command, sent raw, bypassing the SDK's gate.
                 if !self.captured.is_empty() {
@@ -1070,17 +1122,23 @@ impl Sim {
             self.now
         );
         if let Some(h) = with_authority.first() {
-            assert_eq!(
-                self.model.current.host.as_ref().map(|p| p.as_str()),
-                Some(*h),
-                "seed {}: authority without the server's grant",
-                self.seed
-            );
-            assert!(
-                self.model.lease_expires > self.now,
-                "seed {}: local lease outlived the server's",
-                self.seed
-            );
+            if self.model.current.host.as_ref().map(|p| p.as_str()) == Some(*h) {
+                assert!(
+                    self.model.lease_expires > self.now,
+                    "seed {}: local lease outlived the server's",
+                    self.seed
+                );
+            } else {
+                // Only a host replaced by force, within the lease it had.
+                assert!(
+                    self.model
+                        .displaced
+                        .iter()
+                        .any(|(p, until)| p.as_str() == *h && *until > self.now),
+                    "seed {}: authority without the server's grant",
+                    self.seed
+                );
+            }
         }
     }
 
@@ -1226,12 +1284,13 @@ impl Sim {
     }
 }
 
-fn run_seed(seed: u64) -> (u64, u64) {
+fn run_seed(seed: u64) -> (u64, u64, u64) {
     let result = std::panic::catch_unwind(|| {
         let mut sim = Sim::new(seed);
         let steps = sim.rng.range(100, 300);
         sim.run(steps);
-        (sim.model.accepted_host, sim.model.rejected_host)
+        let m = &sim.model;
+        (m.accepted_host, m.rejected_host, m.forced_from_a_lease)
     });
     match result {
         Ok(r) => r,
@@ -1257,13 +1316,17 @@ fn seeded_schedules_keep_every_invariant() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x0004_0571_EA5E);
-    let (mut accepted, mut rejected) = (0, 0);
+    let (mut accepted, mut rejected, mut forced) = (0, 0, 0);
     for k in 0..schedules {
-        let (a, r) = run_seed(base.wrapping_add(k));
+        let (a, r, f) = run_seed(base.wrapping_add(k));
         accepted += a;
         rejected += r;
+        forced += f;
     }
-    println!("simulation: {schedules} schedules, {accepted} host commands accepted, {rejected} stale ones refused");
+    println!(
+        "simulation: {schedules} schedules, {accepted} host commands accepted, {rejected} stale \
+         ones refused, {forced} admin reassigns of a host within its lease"
+    );
     // The schedules must actually exercise both sides of the gate.
     assert!(
         accepted > schedules / 2,
@@ -1272,5 +1335,9 @@ fn seeded_schedules_keep_every_invariant() {
     assert!(
         rejected > schedules / 10,
         "too few stale host commands tried: {rejected}"
+    );
+    assert!(
+        forced > schedules / 10,
+        "too few hosts reassigned by force: {forced}"
     );
 }
