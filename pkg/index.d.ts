@@ -169,7 +169,8 @@ export type ConnectOptions = ConnectOptionsBase & (
      * token of a minute or less, and never sooner than 10 s after the last answer: give tokens
      * at least 20 s), and when the server refuses the token it has; a token without
      * `expiresAt` is used again for every reconnect until it is refused. An answer that takes
-     * longer than 10 s counts as failed (`TokenUnavailable`) and is asked again later. */
+     * longer than 10 s counts as failed (`TokenUnavailable`) and is asked again later; meanwhile
+     * the token it has goes on being used until its `expiresAt`. */
     getToken: () => TokenResult | Promise<TokenResult>;
   }
 );
@@ -214,8 +215,9 @@ export declare class Room {
   acceptStamped<T>(peerId: string, message: Stamped<T>): T | null;
   /** `peerId`: the peer's participant id (`members[].id`); one channel per peer id, so a channel
    * attached for a peer id replaces (detaches) the one attached before, even a channel already
-   * closing, which is then not attached. Does nothing else after `close()`; a channel that
-   * closes is detached. Throws a `UsageError` (`BadArgument`) for a peer id that is not a string
+   * closing, which is then not attached; the same channel again changes nothing. Does nothing
+   * else after `close()`; a channel that closes is detached (call `detachPeer` when closing the
+   * `RTCPeerConnection` yourself: Safari then fires no `close` on its channels). Throws a `UsageError` (`BadArgument`) for a peer id that is not a string
    * or a `channel` that is not an event target. The SDK sends and reads its own
    * `{"t":"hostlease.relay"}` messages on `channel`: best a channel of its own. */
   attachPeer(peerId: string, channel: RTCDataChannel): void;

@@ -301,6 +301,9 @@ export class Room {
     // a closed room the app lets go of is collected (the driver with it).
     const to = { room: this };
     this._release = () => (to.room = null);
+    // It reads the token, a `#` member: through a Proxy of the room (Vue's `ref()`) it would
+    // throw, so it runs on the room itself.
+    this.inbox = this.inbox.bind(this);
     // `self`: a page's window, or a worker's global scope (timers, clock and network events
     // alike); undefined in Node, where the driver then sets no timer.
     this._driver = new Driver(this._url, (json) => to.room?._onEvents(json), hi, lo, (m) => to.room?._onMessage(m), globalThis.self);
@@ -375,6 +378,7 @@ export class Room {
     if (typeof peerId !== "string" || typeof channel?.addEventListener !== "function") {
       throw new UsageError(ErrorCode.BadArgument, "attachPeer() needs a peer id and an RTCDataChannel");
     }
+    if (this._peers.get(peerId)?.channel === channel) return; // attached already (a re-render)
     this.detachPeer(peerId);
     // A channel already closing fires no `close` that would let go of it.
     if (this._closed || /^clos/.test(channel.readyState)) return;
@@ -438,8 +442,9 @@ export class Room {
     if (this._closed) return;
     this._closed = true;
     clearTimeout(this._refreshTimer);
-    for (const id of [...this._peers.keys()]) this.detachPeer(id);
+    // The driver first: peers let go of then change nothing (no `provisional` while closing).
     this._driver.close();
+    for (const id of [...this._peers.keys()]) this.detachPeer(id);
     this._release();
   }
 
@@ -450,7 +455,8 @@ export class Room {
     // Within its refresh margin a token is fetched again, unless it was fetched in the last 10 s
     // (a short-lived one, or this clock ahead of the backend's: not once per dial).
     if (t && (t.expiresAt === undefined || t.expiresAt - TOKEN_REFRESH_EARLY_MS > Date.now() || this._tokenAt > Date.now() - 10_000)) return t.token;
-    return this._refreshToken(fail);
+    // The app's backend failing: a token it gave that has not expired still goes.
+    return (await this._refreshToken(fail)) ?? (t?.expiresAt > Date.now() ? t.token : null);
   }
 
   /** A fresh token from the app, or `null` after reporting why not (to `fail`, by default the

@@ -221,6 +221,40 @@ async fn a_command_past_the_queue_bound_is_refused_at_once() {
     assert_eq!(row.seq, Seq(6), "the refused command took no seq");
 }
 
+/// A kick revokes the capabilities of the kicked participant's sessions begun before it, over
+/// either transport: a WebSocket session on another process than the kick's sent commands that
+/// were accepted until that process's next sweep closed it.
+#[tokio::test]
+async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
+    let (_dir, store) = temp_store().await;
+    let keys = Keypair::generate("k1");
+    let (room, claims) = hosted(&store, &keys).await;
+    let done = store
+        .command(host_command(&claims, "before", 1), &keys)
+        .await
+        .unwrap();
+    assert!(matches!(done.outcome, Outcome::Accepted { .. }));
+    store.record_kick(&room, &claims.sub).await.unwrap();
+    for (key, session) in [("ws", Some(claims.sid.clone())), ("http", None)] {
+        let cmd = CommandReq {
+            sender_session: session,
+            ..host_command(&claims, key, 2)
+        };
+        let done = store.command(cmd, &keys).await.unwrap();
+        assert!(
+            matches!(
+                done.outcome,
+                Outcome::Rejected {
+                    code: RejectCode::BadCapability,
+                    ..
+                }
+            ),
+            "{key}: {:?}",
+            done.outcome
+        );
+    }
+}
+
 /// The offline-inbox notifier writes a batch of outbox rows from several rooms in one go: each
 /// room's participants who are not online get every row of their room, online ones and other
 /// rooms' participants nothing, and a row is written once.

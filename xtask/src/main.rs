@@ -423,10 +423,13 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     let mut bytes = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
     let glue = minify::rename_in_glue(&glue, &minify::parse_report(&report)?, &bytes)?;
     std::fs::write(&glue_path, glue).map_err(|e| format!("write {}: {e}", glue_path.display()))?;
-    let (zeroed, locations) = strip::zero_panic_text(&mut bytes)?;
+    let zeroed = strip::zero_panic_text(&mut bytes)?;
     std::fs::write(&wasm, &bytes).map_err(|e| format!("write {}: {e}", wasm.display()))?;
     eprintln!(
-        "\n==> panic text zeroed: {zeroed} bytes, and {locations} panic locations (xtask/src/strip.rs)"
+        "\n==> panic text zeroed: {} bytes, {} panic locations, digit table {} (xtask/src/strip.rs)",
+        zeroed.text,
+        zeroed.locations,
+        if zeroed.digits { "zeroed" } else { "kept: something reads it" }
     );
     run(
         "wasm-opt -Oz again (the zeroed text packed away)",

@@ -43,11 +43,28 @@ const PANIC_TEXT: &[&[u8]] = &[
     b"internal error: entered unreachable code",
     b"capacity overflow",
     b"Tried to shrink to a larger capacity",
+    b"RefCell already mutably borrowed",
+    b"RefCell already borrowed",
 ];
 
-/// Zeroes panic text in the data section of `wasm`, then the panic locations that name a path
-/// it zeroed; returns how many bytes of text and how many locations.
-pub fn zero_panic_text(wasm: &mut [u8]) -> Result<(usize, usize), String> {
+/// `core::fmt`'s table of two-digit pairs for printing integers. Only the panic messages printed
+/// numbers, and their code is gone once [`snip_panics`] has run, but a data segment is not code:
+/// the table stayed.
+const DIGIT_PAIRS: &[u8; 200] = b"00010203040506070809101112131415161718192021222324252627282930313233343536373839404142434445464748495051525354555657585960616263646566676869707172737475767778798081828384858687888990919293949596979899";
+
+/// What [`zero_panic_text`] zeroed.
+pub struct Zeroed {
+    /// Bytes of panic messages and source paths.
+    pub text: usize,
+    /// Panic locations.
+    pub locations: usize,
+    /// Whether the digit-pair table went (nothing read it).
+    pub digits: bool,
+}
+
+/// Zeroes panic text in the data section of `wasm`, the panic locations that name a path it
+/// zeroed, and the digit-pair table if no code or data points into it.
+pub fn zero_panic_text(wasm: &mut [u8]) -> Result<Zeroed, String> {
     let range = data_section(wasm)?;
     let segments = data_segments(wasm)?;
     let base = range.start;
@@ -85,7 +102,49 @@ pub fn zero_panic_text(wasm: &mut [u8]) -> Result<(usize, usize), String> {
         }
     }
     let locations = zero_locations(wasm, &segments, &paths);
-    Ok((zeroed, locations))
+    let digits = zero_unread_digits(wasm, &segments)?;
+    Ok(Zeroed {
+        text: zeroed,
+        locations,
+        digits,
+    })
+}
+
+/// Zeroes [`DIGIT_PAIRS`] when nothing can read it: no address within it appears in the code
+/// section as a LEB128 number (an `i32.const` or a load's offset; a chance match of other bytes
+/// only keeps the table) and no data points into it. About 160 bytes brotli with the `RefCell`
+/// messages next to it (the table is what kept their segment).
+fn zero_unread_digits(wasm: &mut [u8], segments: &[Segment]) -> Result<bool, String> {
+    let Some((at, address)) = segments.iter().find_map(|s| {
+        let i = wasm[s.bytes.clone()]
+            .windows(DIGIT_PAIRS.len())
+            .position(|w| w == DIGIT_PAIRS)?;
+        Some((s.bytes.start + i, s.address + i))
+    }) else {
+        return Ok(false);
+    };
+    let inside = address..address + DIGIT_PAIRS.len();
+    let code = sections(wasm)?
+        .into_iter()
+        .find(|s| s.id == 10)
+        .map_or(0..0, |s| s.body);
+    let code = &wasm[code];
+    let in_code = inside.clone().any(|a| {
+        [leb128_bytes(a), sleb128_bytes(a)]
+            .iter()
+            .any(|p| code.windows(p.len()).any(|w| w == p))
+    });
+    let in_data = segments.iter().any(|s| {
+        wasm[s.bytes.clone()].windows(4).any(|w| {
+            let v = u32::from_le_bytes(w.try_into().unwrap()) as usize;
+            inside.contains(&v)
+        })
+    });
+    if in_code || in_data {
+        return Ok(false);
+    }
+    wasm[at..at + DIGIT_PAIRS.len()].fill(0);
+    Ok(true)
 }
 
 /// Zeroes every panic location (`core::panic::Location`: the file's address and length, the
@@ -486,6 +545,17 @@ fn leb128_bytes(mut v: usize) -> Vec<u8> {
     }
 }
 
+/// `v` as a signed LEB128 (as `i32.const` writes it): one more byte than unsigned when the top
+/// bit of the last group is set.
+fn sleb128_bytes(v: usize) -> Vec<u8> {
+    let mut out = leb128_bytes(v);
+    if out.last().is_some_and(|b| b & 0x40 != 0) {
+        *out.last_mut().unwrap() |= 0x80;
+        out.push(0);
+    }
+    out
+}
+
 fn leb128(b: &[u8]) -> Option<(usize, usize)> {
     let mut v = 0usize;
     for (i, &x) in b.iter().enumerate().take(5) {
@@ -526,7 +596,8 @@ mod tests {
         let mut m = module(decoy, data);
         let n = zero_panic_text(&mut m).unwrap();
         let paths = "src/core/view.rs".len() + "/rustc/ab/library/alloc/src/vec/mod.rs".len();
-        assert_eq!(n, (paths + "capacity overflow".len(), 0));
+        assert_eq!(n.text, paths + "capacity overflow".len());
+        assert_eq!((n.locations, n.digits), (0, false));
         let out = &m[m.len() - data.len()..];
         let expect: Vec<u8> = {
             let mut e = data.to_vec();
@@ -574,7 +645,7 @@ mod tests {
         data.extend(&misaligned);
         data.extend([0xee, 0xee]);
         let mut m = module(b"", &data);
-        let (_, locations) = zero_panic_text(&mut m).unwrap();
+        let locations = zero_panic_text(&mut m).unwrap().locations;
         assert_eq!(locations, 2);
         let out = &m[m.len() - data.len()..];
         let records_at = 28;
@@ -584,6 +655,44 @@ mod tests {
             &records[2..].concat()[..]
         );
         assert_eq!(&out[start..start + 16], &misaligned[..]);
+    }
+
+    /// The digit-pair table is zeroed when no code or data points into it, and kept when code
+    /// names an address in it (as `i32.const` does: signed LEB128) or data holds one.
+    #[test]
+    fn the_digit_table_goes_only_when_nothing_points_into_it() {
+        let mut data = b"keep".to_vec();
+        data.extend(DIGIT_PAIRS);
+        let table = DATA_AT + 4;
+        let with_code = |code: &[u8], data: &[u8]| {
+            let mut m = module(b"", data);
+            m.extend(section(10, code));
+            m
+        };
+        let mut unread = with_code(&[1, 2, 3], &data);
+        assert!(zero_panic_text(&mut unread).unwrap().digits);
+        assert!(unread.windows(4).any(|w| w == b"keep"));
+        assert!(!unread.windows(20).any(|w| w == &DIGIT_PAIRS[..20]));
+        // `i32.const <table + 10>` in the code.
+        let mut code = vec![0x41];
+        code.extend(sleb128_bytes(table + 10));
+        let mut read = with_code(&code, &data);
+        assert!(!zero_panic_text(&mut read).unwrap().digits);
+        assert!(read.windows(200).any(|w| w == DIGIT_PAIRS));
+        // A pointer to it in the data.
+        let mut pointed = data.clone();
+        pointed.extend((table as u32).to_le_bytes());
+        let mut m = with_code(&[1, 2, 3], &pointed);
+        assert!(!zero_panic_text(&mut m).unwrap().digits);
+    }
+
+    #[test]
+    fn signed_leb128_has_a_sign_bit_to_spare() {
+        assert_eq!(sleb128_bytes(63), vec![63]);
+        assert_eq!(sleb128_bytes(64), vec![0xc0, 0]);
+        assert_eq!(sleb128_bytes(1_054_064), vec![0xf0, 0xaa, 0xc0, 0]);
+        assert_eq!(sleb128_bytes(1_000_000), leb128_bytes(1_000_000));
+        assert_eq!(sleb128_bytes(8192), vec![0x80, 0xc0, 0]);
     }
 
     /// Data segments that are not active at a constant address are refused, not misread.
