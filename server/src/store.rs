@@ -647,7 +647,9 @@ async fn command_in_tx(
         if row.host.as_ref() != Some(&c.sub) || row.session.as_ref() != Some(&c.sid) {
             return Ok((reject(RejectCode::NotHost), false));
         }
-        if now >= row.lease_expires {
+        // Fenced: the lease a forced grant took away may still run (no capability is issued
+        // for a fenced holder; this holds whatever issues one).
+        if now >= row.lease_expires || now < row.fenced_until {
             return Ok((reject(RejectCode::LeaseExpired), false));
         }
     }

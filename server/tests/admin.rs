@@ -283,16 +283,21 @@ fn cli_keygen_token_and_graceful_shutdown() {
     assert!(!out.status.success());
     // A server without any key to verify join tokens with would refuse every join: it does not
     // start, and says what to pass.
-    let err = refused_at_start(
-        std::process::Command::new(bin)
-            .args(["serve", "--listen", "127.0.0.1:0"])
+    // `serve` on a database and server key of its own in `dir`, named after `name`.
+    let serve = |name: &str| {
+        let mut c = std::process::Command::new(bin);
+        c.args(["serve", "--listen", "127.0.0.1:0"])
             .arg("--db")
             .arg(format!(
                 "sqlite://{}",
-                dir.path().join("nokey.db").display()
+                dir.path().join(format!("{name}.db")).display()
             ))
             .arg("--server-key")
-            .arg(dir.path().join("nokey-server.json"))
+            .arg(dir.path().join(format!("{name}-server.json")));
+        c
+    };
+    let err = refused_at_start(
+        serve("nokey")
             .env_remove("HOSTLEASE_APP_KEY")
             .env_remove("HOSTLEASE_DEV"),
     );
@@ -306,15 +311,8 @@ fn cli_keygen_token_and_graceful_shutdown() {
     // before it starts, without echoing the key.
     for short in ["", "s3cr3t-15-bytes"] {
         let err = refused_at_start(
-            std::process::Command::new(bin)
-                .args(["serve", "--listen", "127.0.0.1:0", "--dev"])
-                .arg("--db")
-                .arg(format!(
-                    "sqlite://{}",
-                    dir.path().join("admin.db").display()
-                ))
-                .arg("--server-key")
-                .arg(dir.path().join("admin-server.json"))
+            serve("admin")
+                .arg("--dev")
                 .env("HOSTLEASE_ADMIN_KEY", short),
         );
         assert!(

@@ -255,6 +255,55 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
     }
 }
 
+/// A host command of a forced grant's holder is refused while the room is fenced (the lease the
+/// grant took away may still run), whatever capability it carries: the server issues none then,
+/// and the store does not rely on that.
+#[tokio::test]
+async fn no_host_command_is_accepted_while_the_room_is_fenced() {
+    let (_dir, store) = temp_store().await;
+    let keys = Keypair::generate("k1");
+    let (room, alice) = hosted(&store, &keys).await;
+    let bob = (
+        ParticipantId::new("bob").unwrap(),
+        SessionId::new("s-bob").unwrap(),
+    );
+    let forced = GrantReq {
+        room: room.clone(),
+        expected_epoch: Epoch(1),
+        holder: Some(bob.clone()),
+        lease_ms: LEASE,
+        reason: Reason::Admin,
+        require_lapsed: false,
+        close: false,
+    };
+    assert!(matches!(
+        store.grant(forced, &keys).await.unwrap(),
+        GrantOutcome::Won { .. }
+    ));
+    let claims = CapClaims {
+        sub: bob.0,
+        sid: bob.1,
+        epoch: Some(Epoch(2)),
+        ..alice
+    };
+    let cmd = CommandReq {
+        epoch: Some(Epoch(2)),
+        ..host_command(&claims, "fenced", 1)
+    };
+    let done = store.command(cmd, &keys).await.unwrap();
+    assert!(
+        matches!(
+            done.outcome,
+            Outcome::Rejected {
+                code: RejectCode::LeaseExpired,
+                ..
+            }
+        ),
+        "{:?}",
+        done.outcome
+    );
+}
+
 /// The offline-inbox notifier writes a batch of outbox rows from several rooms in one go: each
 /// room's participants who are not online get every row of their room, online ones and other
 /// rooms' participants nothing, and a row is written once.
