@@ -215,7 +215,7 @@ export declare class Room {
   acceptStamped<T>(peerId: string, message: Stamped<T>): T | null;
   /** `peerId`: the peer's participant id (`members[].id`); one channel per peer id, so a channel
    * attached for a peer id replaces (detaches) the one attached before, even a channel already
-   * closing, which is then not attached; the same channel again changes nothing. Does nothing
+   * closing, which is then not attached. Does nothing
    * else after `close()`; a channel that closes is detached (call `detachPeer` when closing the
    * `RTCPeerConnection` yourself: Safari then fires no `close` on its channels). Throws a `UsageError` (`BadArgument`) for a peer id that is not a string
    * or a `channel` that is not an event target. The SDK sends and reads its own

@@ -378,7 +378,6 @@ export class Room {
     if (typeof peerId !== "string" || typeof channel?.addEventListener !== "function") {
       throw new UsageError(ErrorCode.BadArgument, "attachPeer() needs a peer id and an RTCDataChannel");
     }
-    if (this._peers.get(peerId)?.channel === channel) return; // attached already (a re-render)
     this.detachPeer(peerId);
     // A channel already closing fires no `close` that would let go of it.
     if (this._closed || /^clos/.test(channel.readyState)) return;
@@ -456,7 +455,8 @@ export class Room {
     // (a short-lived one, or this clock ahead of the backend's: not once per dial).
     if (t && (t.expiresAt === undefined || t.expiresAt - TOKEN_REFRESH_EARLY_MS > Date.now() || this._tokenAt > Date.now() - 10_000)) return t.token;
     // The app's backend failing: a token it gave that has not expired still goes.
-    return (await this._refreshToken(fail)) ?? (t?.expiresAt > Date.now() ? t.token : null);
+    // (Not one refused meanwhile: that clears it.)
+    return (await this._refreshToken(fail)) ?? (t === this.#token && t?.expiresAt > Date.now() ? t.token : null);
   }
 
   /** A fresh token from the app, or `null` after reporting why not (to `fail`, by default the
