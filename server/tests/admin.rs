@@ -942,14 +942,7 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
 
 /// An admin reassign of `room` to `to`, answered 200.
 async fn reassign_to(addr: std::net::SocketAddr, room: &str, to: &str) {
-    let r = reqwest::Client::new()
-        .post(format!("http://{addr}/v1/admin/rooms/{room}/reassign"))
-        .bearer_auth("admin-secret-key-1234")
-        .json(&serde_json::json!({ "to": to }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "reassign {room} to {to}");
+    admin_post(addr, room, "reassign", serde_json::json!({ "to": to })).await;
 }
 
 /// `confirmed` (now_ms) is not before `until` (the store clock's ms; 20 ms for the clocks' reads).

@@ -347,16 +347,27 @@ impl Sdk {
 /// Kicks `p` from `room` through the admin API of the server at `addr`: how many sessions that
 /// server closed (the `kicked` of its answer).
 pub async fn kick(addr: SocketAddr, room: &str, p: &str) -> u64 {
+    let body = admin_post(addr, room, "kick", serde_json::json!({ "participant": p })).await;
+    body["kicked"].as_u64().expect("a count of kicked sessions")
+}
+
+/// `POST /v1/admin/rooms/{room}/{action}` with `body` to the server at `addr`, with the admin
+/// key; answered 200 with JSON, which it returns.
+pub async fn admin_post(
+    addr: SocketAddr,
+    room: &str,
+    action: &str,
+    body: serde_json::Value,
+) -> serde_json::Value {
     let r = reqwest::Client::new()
-        .post(format!("http://{addr}/v1/admin/rooms/{room}/kick"))
+        .post(format!("http://{addr}/v1/admin/rooms/{room}/{action}"))
         .bearer_auth("admin-secret-key-1234")
-        .json(&serde_json::json!({ "participant": p }))
+        .json(&body)
         .send()
         .await
-        .expect("the kick is answered");
-    assert_eq!(r.status(), 200);
-    let body: serde_json::Value = r.json().await.expect("a JSON answer");
-    body["kicked"].as_u64().expect("a count of kicked sessions")
+        .expect("the admin request is answered");
+    assert_eq!(r.status(), 200, "{action} {room}");
+    r.json().await.expect("a JSON answer")
 }
 
 /// Drives several SDK clients together until `cond` holds over all of them.
