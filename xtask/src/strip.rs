@@ -67,12 +67,43 @@ pub struct Zeroed {
 pub fn zero_panic_text(wasm: &mut [u8]) -> Result<Zeroed, String> {
     let range = data_section(wasm)?;
     let segments = data_segments(wasm)?;
-    let base = range.start;
-    let data = &mut wasm[range];
     let mut zeroed = 0;
-    let mut paths = Vec::new();
-    // Source paths: path characters up to a `.rs`, with a `src/` in them.
+    let paths = source_paths(&wasm[range.clone()])
+        .into_iter()
+        .map(|p| range.start + p.start..range.start + p.end)
+        .collect::<Vec<_>>();
+    let (paths, records) = located_paths(wasm, &segments, &paths);
+    for p in &paths {
+        wasm[p.clone()].fill(0);
+        zeroed += p.len();
+    }
+    for r in &records {
+        wasm[r.clone()].fill(0);
+    }
+    let data = &mut wasm[range];
+    for text in PANIC_TEXT {
+        let mut at = 0;
+        while let Some(p) = data[at..].windows(text.len()).position(|w| w == *text) {
+            let s = at + p;
+            data[s..s + text.len()].fill(0);
+            zeroed += text.len();
+            at = s + text.len();
+        }
+    }
+    let digits = zero_unread_digits(wasm, &segments)?;
+    Ok(Zeroed {
+        text: zeroed,
+        locations: records.len(),
+        digits,
+    })
+}
+
+/// Candidate source paths in `data` (ranges of it): path characters up to a `.rs`, with a
+/// `src/` in them. A candidate may start too early: a string that ends in a path character and
+/// sits right before a path reads as part of it. [`located_paths`] finds where each one starts.
+fn source_paths(data: &[u8]) -> Vec<Range<usize>> {
     let path_char = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'_' | b'-');
+    let mut paths = Vec::new();
     let mut i = 0;
     while i + 3 <= data.len() {
         // (A path may run straight into the next string: `.rs` ends it whatever follows.)
@@ -86,28 +117,73 @@ pub fn zero_panic_text(wasm: &mut [u8]) -> Result<Zeroed, String> {
             .rposition(|&b| !path_char(b))
             .map_or(0, |p| p + 1);
         if data[start..end].windows(4).any(|w| w == b"src/") {
-            data[start..end].fill(0);
-            zeroed += end - start;
-            paths.push(base + start..base + end);
+            paths.push(start..end);
         }
         i = end;
     }
-    for text in PANIC_TEXT {
-        let mut at = 0;
-        while let Some(p) = data[at..].windows(text.len()).position(|w| w == *text) {
-            let s = at + p;
-            data[s..s + text.len()].fill(0);
-            zeroed += text.len();
-            at = s + text.len();
+    paths
+}
+
+/// The source paths the panic handler alone reads, and the panic locations naming them (ranges of
+/// `wasm` both). A panic location (`core::panic::Location`: the file's address and length, the
+/// line, the column; four `u32`s at an address aligned to 4) names a path when its file ends
+/// exactly where a candidate of `paths` ends and starts inside it. Each path starts where the
+/// earliest location naming it starts (not where the walk back over path characters stopped,
+/// which can be inside the string before it), and must still hold a `src/`; a candidate no
+/// location names is kept whole. The locations' line numbers were noise to brotli (45 records,
+/// 180 bytes of the package), and moved its size by up to 90 bytes with a line added or removed
+/// above a panicking call. (A looser match, "any record pointing at zeros", took 36 records of
+/// real data too.)
+fn located_paths(
+    wasm: &[u8],
+    segments: &[Segment],
+    paths: &[Range<usize>],
+) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
+    // Each candidate's address in memory, and the earliest file address naming it.
+    let mut in_memory: Vec<(Range<usize>, Option<usize>)> = paths
+        .iter()
+        .filter_map(|p| {
+            let s = segments.iter().find(|s| s.bytes.contains(&p.start))?;
+            let at = s.address + (p.start - s.bytes.start);
+            Some((at..at + p.len(), None))
+        })
+        .collect();
+    let u32_at = |i: usize| u32::from_le_bytes(wasm[i..i + 4].try_into().unwrap()) as usize;
+    let mut records = Vec::new();
+    for s in segments {
+        // The first offset in the segment whose address is aligned to 4.
+        let mut i = s.bytes.start + (4 - s.address % 4) % 4;
+        while i + 16 <= s.bytes.end {
+            let (file, len) = (u32_at(i), u32_at(i + 4));
+            let named = in_memory
+                .iter_mut()
+                .find(|(p, _)| len > 0 && p.contains(&file) && file + len == p.end);
+            if let Some((_, first)) = named {
+                *first = Some(first.map_or(file, |f| f.min(file)));
+                records.push((i..i + 16, file + len));
+                i += 16;
+            } else {
+                i += 4;
+            }
         }
     }
-    let locations = zero_locations(wasm, &segments, &paths);
-    let digits = zero_unread_digits(wasm, &segments)?;
-    Ok(Zeroed {
-        text: zeroed,
-        locations,
-        digits,
-    })
+    // Back to ranges of `wasm`: the path from its first named byte to its end.
+    let located: Vec<(Range<usize>, Range<usize>)> = paths
+        .iter()
+        .zip(&in_memory)
+        .filter_map(|(p, (m, first))| {
+            let start = p.start + ((*first)? - m.start);
+            let path = start..p.end;
+            let has_src = wasm[path.clone()].windows(4).any(|w| w == b"src/");
+            has_src.then(|| (path, m.clone()))
+        })
+        .collect();
+    let records = records
+        .into_iter()
+        .filter(|(_, end)| located.iter().any(|(_, m)| m.end == *end))
+        .map(|(r, _)| r)
+        .collect();
+    (located.into_iter().map(|(p, _)| p).collect(), records)
 }
 
 /// Zeroes [`DIGIT_PAIRS`] when nothing can read it: no address within it appears in the code
@@ -145,46 +221,6 @@ fn zero_unread_digits(wasm: &mut [u8], segments: &[Segment]) -> Result<bool, Str
     }
     wasm[at..at + DIGIT_PAIRS.len()].fill(0);
     Ok(true)
-}
-
-/// Zeroes every panic location (`core::panic::Location`: the file's address and length, the
-/// line, the column; four `u32`s at an address aligned to 4) whose file is the end of one of
-/// `paths` (ranges of `wasm`, zeroed already): the panic handler never reads them. Their line
-/// numbers were noise to brotli (45 records, 180 bytes of the package), and moved its size by up
-/// to 90 bytes with a line added or removed above a panicking call. Only a record whose file
-/// address and length end exactly at a zeroed path counts (a looser match, "any record pointing
-/// at zeros", took 36 records of real data too). Returns how many.
-fn zero_locations(wasm: &mut [u8], segments: &[Segment], paths: &[Range<usize>]) -> usize {
-    // The paths' addresses in memory: `[start, end)` of each.
-    let in_memory: Vec<Range<usize>> = paths
-        .iter()
-        .filter_map(|p| {
-            let s = segments.iter().find(|s| s.bytes.contains(&p.start))?;
-            let at = s.address + (p.start - s.bytes.start);
-            Some(at..at + p.len())
-        })
-        .collect();
-    let u32_at = |b: &[u8], i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap()) as usize;
-    let mut found = 0;
-    for s in segments {
-        // The first offset in the segment whose address is aligned to 4.
-        let mut i = s.bytes.start + (4 - s.address % 4) % 4;
-        while i + 16 <= s.bytes.end {
-            let (file, len) = (u32_at(wasm, i), u32_at(wasm, i + 4));
-            if len > 0
-                && in_memory
-                    .iter()
-                    .any(|p| p.contains(&file) && file + len == p.end)
-            {
-                wasm[i..i + 16].fill(0);
-                found += 1;
-                i += 16;
-            } else {
-                i += 4;
-            }
-        }
-    }
-    found
 }
 
 /// An active data segment: where it goes in memory and where its bytes are in the module.
@@ -588,20 +624,34 @@ mod tests {
         m
     }
 
+    /// A panic location: the file's address and length, the line, the column.
+    fn location(file: usize, len: usize, line: u32, col: u32) -> Vec<u8> {
+        let mut l = Vec::new();
+        for v in [file as u32, len as u32, line, col] {
+            l.extend(v.to_le_bytes());
+        }
+        l
+    }
+
     #[test]
     fn only_panic_text_in_the_data_section_is_zeroed() {
-        let data = b"\x01src/core/view.rs\x07/rustc/ab/library/alloc/src/vec/mod.rs\
-                     capacity overflowkeep.rs null pointer passed to rust";
+        let mut data = b"\x01src/core/view.rs\x07/rustc/ab/library/alloc/src/vec/mod.rs\
+                     capacity overflowkeep.rs null pointer passed to rust"
+            .to_vec();
+        data.resize(data.len().next_multiple_of(4), 0xee);
+        let records_at = data.len();
+        data.extend(location(DATA_AT + 1, 16, 3, 4));
+        data.extend(location(DATA_AT + 18, 38, 5, 6));
         let decoy = b"src/x.rs";
-        let mut m = module(decoy, data);
+        let mut m = module(decoy, &data);
         let n = zero_panic_text(&mut m).unwrap();
         let paths = "src/core/view.rs".len() + "/rustc/ab/library/alloc/src/vec/mod.rs".len();
         assert_eq!(n.text, paths + "capacity overflow".len());
-        assert_eq!((n.locations, n.digits), (0, false));
+        assert_eq!((n.locations, n.digits), (2, false));
         let out = &m[m.len() - data.len()..];
         let expect: Vec<u8> = {
             let mut e = data.to_vec();
-            for (s, len) in [(1, 16), (18, 38), (56, 17)] {
+            for (s, len) in [(1, 16), (18, 38), (56, 17), (records_at, 32)] {
                 e[s..s + len].fill(0);
             }
             e
@@ -612,19 +662,30 @@ mod tests {
         assert!(m.windows(7).any(|w| w == b"keep.rs"));
     }
 
+    /// A path starts where the locations naming it say, not where path characters start: a live
+    /// string ending in one, right before it, keeps its tail. A path no location names stays.
+    #[test]
+    fn a_path_starts_where_its_locations_say() {
+        let mut data = b"\x01main-src/core/view.rs\x02src/core/unnamed.rs".to_vec();
+        data.resize(44, 0xee);
+        data.extend(location(DATA_AT + 6, 16, 9, 9));
+        data.extend(location(DATA_AT + 14, 8, 9, 9)); // its `view.rs`
+        let mut m = module(b"", &data);
+        let n = zero_panic_text(&mut m).unwrap();
+        assert_eq!((n.text, n.locations), (16, 2));
+        let out = &m[m.len() - data.len()..];
+        assert_eq!(&out[..6], b"\x01main-");
+        assert_eq!(&out[6..22], &[0; 16]);
+        assert_eq!(&out[22..42], b"\x02src/core/unnamed.rs");
+        assert_eq!(&out[44..], &[0; 32]);
+    }
+
     /// A panic location (file address and length, line, column) naming a zeroed path is zeroed;
     /// one whose file is not a zeroed path, only part of one, or not aligned to 4 stays.
     #[test]
     fn only_locations_of_zeroed_paths_are_zeroed() {
         let path = b"src/core/view.rs"; // at DATA_AT + 4
         let other = b"keep.rs"; // no `src/`: stays, at DATA_AT + 20
-        let location = |file: usize, len: usize, line: u32, col: u32| {
-            let mut l = Vec::new();
-            for v in [file as u32, len as u32, line, col] {
-                l.extend(v.to_le_bytes());
-            }
-            l
-        };
         let mut data = b"\x01\x02\x03\x04".to_vec();
         data.extend(path);
         data.extend(other);
