@@ -5,10 +5,8 @@
 // would buy nothing.
 #![allow(clippy::result_large_err)]
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
 
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, Query, Request, State, WebSocketUpgrade};
@@ -29,49 +27,6 @@ use tower_http::cors::{Any, CorsLayer};
 use crate::rooms::{correlation_id, App};
 use crate::store::GrantReq;
 use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
-
-/// A per-address token bucket for HTTP requests (429 + `Retry-After` when empty).
-pub struct Limiter {
-    rate: f64,
-    burst: f64,
-    buckets: Mutex<HashMap<IpAddr, (f64, Instant)>>,
-}
-
-impl Limiter {
-    pub fn new(rate: f64, burst: f64) -> Self {
-        Self {
-            rate,
-            burst,
-            buckets: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// `Ok` or the seconds to wait.
-    fn check(&self, ip: IpAddr) -> Result<(), u64> {
-        let mut map = self.buckets.lock().expect("limiter lock");
-        let now = Instant::now();
-        if map.len() >= MAX_BUCKETS {
-            // Bounded memory. Buckets refilled to the brim are no different from new ones; only
-            // if that frees nothing are all reset (which only ever lets more requests in).
-            map.retain(|_, b| b.0 + now.duration_since(b.1).as_secs_f64() * self.rate < self.burst);
-            if map.len() >= MAX_BUCKETS / 2 {
-                map.clear();
-            }
-        }
-        let b = map.entry(client_key(ip)).or_insert((self.burst, now));
-        b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * self.rate).min(self.burst);
-        b.1 = now;
-        if b.0 >= 1.0 {
-            b.0 -= 1.0;
-            Ok(())
-        } else {
-            Err(((1.0 - b.0) / self.rate).ceil().max(1.0) as u64)
-        }
-    }
-}
-
-/// Client addresses the limiter keeps a bucket for at most.
-const MAX_BUCKETS: usize = 100_000;
 
 /// The bucket a client address counts against (and its open WebSockets): an IPv6 client by its
 /// /64 (one subscriber's network: a client that rotates its interface identifier, as privacy
@@ -106,9 +61,10 @@ async fn rate_limit(
     req: Request,
     next: Next,
 ) -> Response {
-    match app.http_limiter.check(addr.ip()) {
+    match app.http_limiter.admit(client_key(addr.ip())) {
         Ok(()) => next.run(req).await,
-        Err(secs) => {
+        Err(ms) => {
+            let secs = ms.div_ceil(1000).max(1);
             metrics::counter!("hostlease_http_rate_limited_total").increment(1);
             (
                 StatusCode::TOO_MANY_REQUESTS,
@@ -340,6 +296,26 @@ async fn command(
         };
         return (StatusCode::FORBIDDEN, json_body(&outcome)).into_response();
     };
+    // The participant's command rate, shared with its WebSocket sessions.
+    if let Err(ms) = app
+        .command_limiter
+        .admit((room.clone(), claims.sub.clone()))
+    {
+        metrics::counter!("hostlease_commands_total", "result" => RejectCode::RateLimited.as_str())
+            .increment(1);
+        let outcome = Outcome::Rejected {
+            code: RejectCode::RateLimited,
+            current: None,
+            retry_after_ms: Some(ms),
+        };
+        let secs = ms.div_ceil(1000).max(1).to_string();
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, secs)],
+            json_body(&outcome),
+        )
+            .into_response();
+    }
     let hub = match app.room(&room).await {
         Ok(Some(h)) => h,
         Ok(None) => return (StatusCode::SERVICE_UNAVAILABLE, "too many rooms").into_response(),
@@ -745,6 +721,7 @@ fn json_body<T: ToJson + ?Sized>(value: &T) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limit::Limiter;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -756,36 +733,12 @@ mod tests {
         assert_eq!(client_key(ip("::ffff:192.0.2.7")), ip("192.0.2.7"));
         assert_eq!(client_key(ip("192.0.2.7")), ip("192.0.2.7"));
         let l = Limiter::new(1e-9, 2.0);
-        assert!(l.check(ip("2001:db8::1")).is_ok());
-        assert!(l.check(ip("2001:db8::2:3")).is_ok());
+        let check = |a: &str| l.admit(client_key(ip(a)));
+        assert!(check("2001:db8::1").is_ok());
+        assert!(check("2001:db8::2:3").is_ok());
         // The /64's burst is spent, whatever interface identifier comes next.
-        assert!(l.check(ip("2001:db8::ffff:1")).is_err());
+        assert!(check("2001:db8::ffff:1").is_err());
         // Another /64 has its own.
-        assert!(l.check(ip("2001:db8:0:1::1")).is_ok());
-    }
-
-    #[test]
-    fn a_full_table_drops_idle_buckets_not_busy_ones() {
-        let l = Limiter::new(1e-9, 2.0);
-        {
-            let now = Instant::now();
-            let mut map = l.buckets.lock().unwrap();
-            for i in 0..MAX_BUCKETS as u32 {
-                // 60% refilled to the brim (idle), the rest spent.
-                let tokens = if i % 5 < 3 { 2.0 } else { 0.0 };
-                map.insert(IpAddr::V4(i.into()), (tokens, now));
-            }
-        }
-        assert!(l.check(ip("2001:db8::1")).is_ok());
-        assert_eq!(l.buckets.lock().unwrap().len(), MAX_BUCKETS * 2 / 5 + 1);
-        // A spent client is still refused (a reset would have let it in again).
-        assert!(l.check(IpAddr::V4(4u32.into())).is_err());
-        // With no idle bucket to drop, the table is reset: bounded memory first.
-        let l = Limiter::new(1e-9, 2.0);
-        for i in 0..MAX_BUCKETS as u32 {
-            let _ = l.check(IpAddr::V4(i.into()));
-        }
-        assert!(l.check(ip("2001:db8::1")).is_ok());
-        assert_eq!(l.buckets.lock().unwrap().len(), 1);
+        assert!(check("2001:db8:0:1::1").is_ok());
     }
 }

@@ -6,6 +6,7 @@
 //! session), [`http`] (routes).
 
 pub mod http;
+pub mod limit;
 pub mod rooms;
 pub mod store;
 pub mod tokens;
@@ -33,9 +34,9 @@ pub struct Config {
     /// could otherwise take all `max_connections`. Behind a proxy or a large NAT every client
     /// shares an address: raise it there.
     pub max_sockets_per_address: usize,
-    /// Per-connection command rate: sustained per second, and burst. A command past it is
-    /// refused `rate_limited` with a time to retry after; frames of any kind past four times it
-    /// close the connection (a flood).
+    /// Command rate per participant in a room (its sessions share it): sustained per second, and
+    /// burst. A command past it is refused `rate_limited` with a time to retry after; frames of
+    /// any kind past four times it on one connection close that connection (a flood).
     pub msg_rate: f64,
     pub msg_burst: f64,
     /// HTTP requests per second per client address, and burst.

@@ -133,8 +133,9 @@ struct ServeArgs {
     /// `net.core.somaxconn`). Past it, a new connection's SYN is dropped and retried after 1 s.
     #[arg(long, env = "HOSTLEASE_LISTEN_BACKLOG", default_value_t = hostlease_server::LISTEN_BACKLOG)]
     listen_backlog: u32,
-    /// Per-connection commands per second (burst is twice this): a command past it is refused
-    /// `rate_limited` with a retry time; any frames past four times it close the connection.
+    /// Commands per second per participant in a room, its sessions together (burst is twice
+    /// this): a command past it is refused `rate_limited` with a retry time; any frames past
+    /// four times it on one connection close that connection.
     #[arg(long, env = "HOSTLEASE_MSG_RATE", default_value_t = 50.0)]
     msg_rate: f64,
     /// A session the server has sent nothing for this long gets a heartbeat, and one it has heard

@@ -15,6 +15,7 @@ use hostlease::protocol::{
 };
 use tokio::sync::{broadcast, mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
+use crate::limit::Limiter;
 use crate::store::{GrantOutcome, GrantReq, RoomRow, Store, StoreError, StoreResult};
 use crate::tokens::{Keypair, Verifier};
 use crate::Config;
@@ -359,7 +360,11 @@ pub struct App {
     /// Signs dev join tokens when `--dev` is on.
     pub dev_app_key: Option<Keypair>,
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    pub http_limiter: crate::http::Limiter,
+    /// HTTP requests per client address (as [`crate::http::client_key`] keys it).
+    pub http_limiter: Limiter<std::net::IpAddr>,
+    /// Commands per participant in a room, over every WebSocket session it has and HTTP
+    /// together: a join token opening more sockets, or reconnecting, gets no more through.
+    pub command_limiter: Limiter<(RoomId, ParticipantId)>,
     /// The kicks made through this process that the sweeper has not read yet. Held from
     /// recording a kick until its sessions here are closed, and by the sweeper while it reads the
     /// kicks recorded: the sweeper sees a kick made here only once it is applied, so the kick's
@@ -377,7 +382,8 @@ impl App {
         dev_app_key: Option<Keypair>,
     ) -> Arc<Self> {
         let cap_keys = Verifier::from_keys(&[keys.public()]).expect("own key is valid");
-        let http_limiter = crate::http::Limiter::new(cfg.http_rate, cfg.http_burst);
+        let http_limiter = Limiter::new(cfg.http_rate, cfg.http_burst);
+        let command_limiter = Limiter::new(cfg.msg_rate, cfg.msg_burst);
         Arc::new(Self {
             cfg,
             store,
@@ -392,6 +398,7 @@ impl App {
             dev_app_key,
             metrics: crate::http::metrics_handle(),
             http_limiter,
+            command_limiter,
             kicking: tokio::sync::Mutex::new(HashSet::new()),
         })
     }

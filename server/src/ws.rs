@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::BroadcastStream;
 
+use crate::limit::Bucket;
 use crate::rooms::{correlation_id, App, Bcast, Direct, Room};
 use crate::store::{CommandDone, CommandReq, Pending, Renewed};
 use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
@@ -186,16 +187,6 @@ fn decode_error_code(e: &DecodeError) -> ErrorCode {
     }
 }
 
-/// A token bucket for a per-connection rate.
-struct Bucket {
-    tokens: f64,
-    rate: f64,
-    burst: f64,
-    at: Instant,
-    /// Refusals since a token was last taken (see `admit`).
-    refused: u32,
-}
-
 /// Frames of any kind beyond this many times the command rate (and burst) close the connection:
 /// a flood. Commands beyond the rate itself are refused one by one (`Bucket::admit`).
 const FLOOD_FACTOR: f64 = 4.0;
@@ -206,43 +197,6 @@ const FLOOD_FACTOR: f64 = 4.0;
 /// connection stays open; a client that sends a burst gets its welcomes at this rate).
 const RESUME_RATE: f64 = 2.0;
 const RESUME_BURST: f64 = 10.0;
-
-impl Bucket {
-    fn new(rate: f64, burst: f64) -> Self {
-        Bucket {
-            tokens: burst,
-            rate,
-            burst,
-            at: Instant::now(),
-            refused: 0,
-        }
-    }
-
-    /// Takes a token, or says in how many milliseconds to try again: the k-th refusal in a row
-    /// is told about k tokens' time, so that a burst of refused commands comes back spread at the
-    /// rate instead of all at once.
-    fn admit(&mut self) -> Result<(), u64> {
-        if self.take() {
-            self.refused = 0;
-            return Ok(());
-        }
-        self.refused = self.refused.saturating_add(1);
-        Err((1000.0 * (f64::from(self.refused) - self.tokens) / self.rate).ceil() as u64)
-    }
-
-    fn take(&mut self) -> bool {
-        let now = Instant::now();
-        self.tokens =
-            (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
 
 fn random_session() -> SessionId {
     let mut b = [0u8; 12];
@@ -457,7 +411,6 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             app.cfg.msg_rate * FLOOD_FACTOR,
             app.cfg.msg_burst * FLOOD_FACTOR,
         ),
-        command_rate: Bucket::new(app.cfg.msg_rate, app.cfg.msg_burst),
         resume_rate: Bucket::new(RESUME_RATE, RESUME_BURST),
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
@@ -527,8 +480,6 @@ struct Conn {
     heard: Instant,
     /// Every client frame: past it, the connection is closed `rate_limited`.
     flood: Bucket,
-    /// Commands: past it, a command is refused `rate_limited` with a time to retry after.
-    command_rate: Bucket,
     /// Resumes: past it, a resume waits for its turn.
     resume_rate: Bucket,
 }
@@ -1121,7 +1072,11 @@ impl Conn {
                 capability,
             } => {
                 self.answered();
-                if let Err(ms) = self.command_rate.admit() {
+                let rate = self
+                    .app
+                    .command_limiter
+                    .admit((self.room.id.clone(), self.me.clone()));
+                if let Err(ms) = rate {
                     // Over the command rate: refused, retryable, in order with the answers
                     // before it; the SDK backs off for at least `retry_after_ms`.
                     metrics::counter!("hostlease_commands_total", "result" => RejectCode::RateLimited.as_str())

@@ -810,6 +810,73 @@ async fn commands_past_the_rate_are_refused_with_a_retry_time_not_closed() {
     assert!(matches!(again, Outcome::Accepted { .. }), "{again:?}");
 }
 
+/// The command rate is the participant's in the room, not each connection's: a second session
+/// of the same join token (16 sessions multiplied it by 16), a session opened after the others
+/// closed, and the HTTP command endpoint get no more commands through, while another participant
+/// keeps its own.
+#[tokio::test]
+async fn a_participant_s_sessions_share_its_command_rate() {
+    let srv = start(hostlease_server::Config {
+        msg_rate: 0.1,
+        msg_burst: 3.0,
+        ..test_config()
+    })
+    .await;
+    async fn outcome(r: &mut Raw, p: &Token, id: &str) -> Outcome {
+        r.send(&vote_frame(p, id, serde_json::json!({ "id": id })))
+            .await;
+        result_of(r, id).await
+    }
+    let limited = |o: &Outcome| {
+        matches!(
+            o,
+            Outcome::Rejected {
+                code: RejectCode::RateLimited,
+                retry_after_ms: Some(_),
+                ..
+            }
+        )
+    };
+    let mut first = srv.raw("shared-rate", "bob", false).await;
+    let mut second = srv.raw("shared-rate", "bob", false).await;
+    let mut carol = srv.raw("shared-rate", "carol", false).await;
+    let (p1, p2, pc) = (
+        ptoken(&mut first).await,
+        ptoken(&mut second).await,
+        ptoken(&mut carol).await,
+    );
+    for i in 0..3 {
+        let o = outcome(&mut first, &p1, &format!("f{i}")).await;
+        assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+    }
+    let o = outcome(&mut second, &p2, "s0").await;
+    assert!(
+        limited(&o),
+        "the second session had a rate of its own: {o:?}"
+    );
+    let o = outcome(&mut carol, &pc, "c0").await;
+    assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+    // Over HTTP, with the same participant's capability: refused, 429 with a Retry-After.
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/rooms/shared-rate/commands", srv.addr))
+        .bearer_auth(p1.expose())
+        .header("Idempotency-Key", "h0")
+        .json(&serde_json::json!({"action": "vote", "payload": {"n": 1}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "rate_limited", "{body}");
+    // Every session gone, and a new one: still spent.
+    drop((first, second));
+    let mut again = srv.raw("shared-rate", "bob", false).await;
+    let p = ptoken(&mut again).await;
+    let o = outcome(&mut again, &p, "a0").await;
+    assert!(limited(&o), "a reconnect had a fresh burst: {o:?}");
+}
+
 /// The SDK's core retries refused commands after the server's retry time: a burst past the
 /// rate (votes queued while offline, sent at once) all land, once each, on one connection.
 #[tokio::test]

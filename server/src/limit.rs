@@ -1,0 +1,142 @@
+//! Token buckets: one per connection (frames, resumes), and keyed tables of them (HTTP requests
+//! per client address, commands per participant in a room).
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// A token bucket for a rate.
+pub struct Bucket {
+    tokens: f64,
+    rate: f64,
+    burst: f64,
+    at: Instant,
+    /// Refusals since a token was last taken (see `admit`).
+    refused: u32,
+}
+
+impl Bucket {
+    pub fn new(rate: f64, burst: f64) -> Self {
+        Bucket {
+            tokens: burst,
+            rate,
+            burst,
+            at: Instant::now(),
+            refused: 0,
+        }
+    }
+
+    /// Takes a token, or says in how many milliseconds to try again: the k-th refusal in a row
+    /// is told about k tokens' time, so that a burst of refused commands comes back spread at the
+    /// rate instead of all at once.
+    pub fn admit(&mut self) -> Result<(), u64> {
+        if self.take() {
+            self.refused = 0;
+            return Ok(());
+        }
+        self.refused = self.refused.saturating_add(1);
+        Err((1000.0 * (f64::from(self.refused) - self.tokens) / self.rate).ceil() as u64)
+    }
+
+    pub fn take(&mut self) -> bool {
+        self.refill(Instant::now());
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        self.tokens =
+            (self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate).min(self.burst);
+        self.at = now;
+    }
+
+    /// Refilled to the brim at `now`: no different from a new bucket.
+    fn full(&self, now: Instant) -> bool {
+        self.tokens + now.duration_since(self.at).as_secs_f64() * self.rate >= self.burst
+    }
+}
+
+/// Keys a [`Limiter`] keeps a bucket for at most.
+pub const MAX_BUCKETS: usize = 100_000;
+
+/// A token bucket per key, the same rate for all, in bounded memory. A key's bucket outlives the
+/// connections that spent it: a client that reconnects does not get a fresh burst.
+pub struct Limiter<K> {
+    rate: f64,
+    burst: f64,
+    buckets: Mutex<HashMap<K, Bucket>>,
+}
+
+impl<K: Hash + Eq> Limiter<K> {
+    pub fn new(rate: f64, burst: f64) -> Self {
+        Self {
+            rate,
+            burst,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes a token from `key`'s bucket, or says in how many milliseconds to try again
+    /// ([`Bucket::admit`]).
+    pub fn admit(&self, key: K) -> Result<(), u64> {
+        let mut map = self.buckets.lock().expect("limiter lock");
+        if map.len() >= MAX_BUCKETS {
+            // Buckets refilled to the brim are no different from new ones; only if that frees
+            // nothing are all reset (which only ever lets more in).
+            let now = Instant::now();
+            map.retain(|_, b| !b.full(now));
+            if map.len() >= MAX_BUCKETS / 2 {
+                map.clear();
+            }
+        }
+        map.entry(key)
+            .or_insert_with(|| Bucket::new(self.rate, self.burst))
+            .admit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_table_drops_idle_buckets_not_busy_ones() {
+        let l = Limiter::new(1e-9, 2.0);
+        {
+            let mut map = l.buckets.lock().unwrap();
+            for i in 0..MAX_BUCKETS as u32 {
+                // 60% refilled to the brim (idle), the rest spent.
+                let mut b = Bucket::new(1e-9, 2.0);
+                if i % 5 >= 3 {
+                    b.tokens = 0.0;
+                }
+                map.insert(i, b);
+            }
+        }
+        assert!(l.admit(u32::MAX).is_ok());
+        assert_eq!(l.buckets.lock().unwrap().len(), MAX_BUCKETS * 2 / 5 + 1);
+        // A spent key is still refused (a reset would have let it in again).
+        assert!(l.admit(4).is_err());
+        // With no idle bucket to drop, the table is reset: bounded memory first.
+        let l = Limiter::new(1e-9, 2.0);
+        for i in 0..MAX_BUCKETS as u32 {
+            let _ = l.admit(i);
+        }
+        assert!(l.admit(u32::MAX).is_ok());
+        assert_eq!(l.buckets.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn refusals_in_a_row_are_told_to_come_back_spread_at_the_rate() {
+        let mut b = Bucket::new(10.0, 1.0);
+        assert!(b.admit().is_ok());
+        let waits: Vec<u64> = (0..3).map(|_| b.admit().unwrap_err()).collect();
+        assert!(waits.windows(2).all(|w| w[1] >= w[0] + 90), "{waits:?}");
+        assert!(waits[2] <= 300, "{waits:?}");
+    }
+}
