@@ -5,6 +5,7 @@
 //! at the same time share one transaction (group commit, each in its own savepoint). Time-based
 //! decisions use the store's clock inside the SQL ([`NOW`]), never the caller's.
 
+use futures_util::TryStreamExt;
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
@@ -270,14 +271,16 @@ pub trait Store: Send + Sync + 'static {
     /// Queues a command when called (commands queued one after another are decided in that
     /// order) and resolves once it is decided and, if it took effect, durable.
     fn command(&self, req: CommandReq, signer: &Keypair) -> Pending<CommandDone>;
-    /// Items with `after < seq <= upto`, oldest first, at most `limit` of the newest; and the
-    /// lowest retained seq of the room.
+    /// Items with `after < seq <= upto`, oldest first: the newest, at most `limit` of them and
+    /// at most `max_bytes` of their JSON (rows past the budget are not read); and the lowest
+    /// retained seq of the room.
     async fn log_range(
         &self,
         room: &RoomId,
         after: Seq,
         upto: Seq,
         limit: usize,
+        max_bytes: usize,
     ) -> StoreResult<(Vec<Item>, Option<Seq>)>;
     /// Outbox rows with id > `after`: `(id, room, item)`.
     async fn outbox_after(&self, after: i64, limit: i64) -> StoreResult<Vec<(i64, RoomId, Item)>>;
@@ -1207,18 +1210,30 @@ impl Store for SqliteStore {
         after: Seq,
         upto: Seq,
         limit: usize,
+        max_bytes: usize,
     ) -> StoreResult<(Vec<Item>, Option<Seq>)> {
         let mut c = self.pool.acquire().await?;
-        let rows: Vec<String> = sqlx::query_scalar(
-            "SELECT item FROM log WHERE room = ? AND seq > ? AND seq <= ? ORDER BY seq DESC LIMIT ?",
-        )
-        .bind(room.as_str())
-        .bind(after.0 as i64)
-        .bind(upto.0 as i64)
-        .bind(limit as i64)
-        .fetch_all(&mut *c)
-        .await?;
-        let mut items: Vec<Item> = rows.iter().filter_map(|s| stored(s).ok()).collect();
+        let mut items = Vec::new();
+        {
+            // Newest first, row by row: a log of large items past the budget is not read (it was
+            // read whole, up to `limit` rows of 59 KiB, and cut down to the budget after).
+            let mut rows = sqlx::query_scalar::<_, String>(
+                "SELECT item FROM log WHERE room = ? AND seq > ? AND seq <= ? ORDER BY seq DESC LIMIT ?",
+            )
+            .bind(room.as_str())
+            .bind(after.0 as i64)
+            .bind(upto.0 as i64)
+            .bind(limit as i64)
+            .fetch(&mut *c);
+            let mut bytes = 0;
+            while let Some(text) = rows.try_next().await? {
+                bytes += text.len();
+                if bytes > max_bytes {
+                    break;
+                }
+                items.extend(stored::<Item>(&text).ok());
+            }
+        }
         items.reverse();
         let min: Option<i64> = sqlx::query_scalar("SELECT MIN(seq) FROM log WHERE room = ?")
             .bind(room.as_str())

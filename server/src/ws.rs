@@ -18,7 +18,7 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use hostlease::core::elect;
 use hostlease::protocol::{
     codec::{
-        decode_client, decode_server, encode_body, encode_server, HEARTBEAT_MS, MAX_CLIENT_FRAME,
+        decode_client, decode_server, encode_server, HEARTBEAT_MS, MAX_CLIENT_FRAME,
         MAX_CLIENT_PAYLOAD, MAX_MEMBERS, MAX_PAYLOAD_DEPTH, MAX_REPLAY,
     },
     Action, ActionKind, ClientMsg, DecodeError, Epoch, ErrorCode, Gap, IdempotencyKey, Item, Json,
@@ -632,20 +632,16 @@ impl Conn {
                 match self
                     .app
                     .store
-                    .log_range(&self.room.id, cursor, snapshot.seq, MAX_REPLAY)
+                    .log_range(
+                        &self.room.id,
+                        cursor,
+                        snapshot.seq,
+                        MAX_REPLAY,
+                        REPLAY_BYTES,
+                    )
                     .await
                 {
-                    Ok((mut items, _min)) => {
-                        let mut bytes = 0;
-                        let fit = items
-                            .iter()
-                            .rev()
-                            .take_while(|i| {
-                                bytes += encode_body(i).len(); // its share of `missed`
-                                bytes <= REPLAY_BYTES
-                            })
-                            .count();
-                        items.drain(..items.len() - fit);
+                    Ok((items, _min)) => {
                         let first = items.first().map_or(snapshot.seq.next(), Item::seq);
                         if first > cursor.next() {
                             discontinuity = Some(Gap {

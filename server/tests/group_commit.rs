@@ -160,7 +160,10 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
     // The room and its log hold exactly the 25 accepted events, in order; nothing else.
     let row = store.room(&room).await.unwrap().unwrap();
     assert_eq!((row.epoch, row.seq), (Epoch(1), Seq(26)));
-    let (items, _) = store.log_range(&room, Seq(1), Seq(100), 100).await.unwrap();
+    let (items, _) = store
+        .log_range(&room, Seq(1), Seq(100), 100, usize::MAX)
+        .await
+        .unwrap();
     let ns: Vec<u64> = items
         .iter()
         .map(|it| match it {
@@ -169,6 +172,18 @@ async fn queued_decisions_commit_together_in_order_and_rejections_change_nothing
         })
         .collect();
     assert_eq!(ns, (0..25).collect::<Vec<_>>());
+    // Within a byte budget: the newest items whose JSON fits, oldest first.
+    let last3: usize = items[22..]
+        .iter()
+        .map(|i| hostlease::protocol::codec::encode_body(i).len())
+        .sum();
+    for (budget, n) in [(last3, 3), (last3 - 1, 2)] {
+        let (fit, _) = store
+            .log_range(&room, Seq(1), Seq(100), 100, budget)
+            .await
+            .unwrap();
+        assert_eq!(fit, items[25 - n..], "{budget} bytes");
+    }
 
     // A decision queued alone still commits (and is answered) by itself.
     let alone = store.command(host_command(&claims, "k-alone", 7), &keys);

@@ -1254,8 +1254,9 @@ impl hostlease_server::store::Store for Slowed {
         a: Seq,
         u: Seq,
         l: usize,
+        b: usize,
     ) -> StoreResult<(Vec<Item>, Option<Seq>)> {
-        self.store.log_range(r, a, u, l).await
+        self.store.log_range(r, a, u, l, b).await
     }
     async fn outbox_after(&self, a: i64, l: i64) -> StoreResult<Vec<(i64, RoomId, Item)>> {
         if let Some(mut open) = self.slow.outbox.clone() {
