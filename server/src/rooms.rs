@@ -745,9 +745,12 @@ pub fn correlation_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Starts the publisher, the notifier and the sweeper. Returns once the publisher's and the
-/// sweeper's starting points are read: call it before accepting connections, or what is
-/// committed for them meanwhile (a grant, a kick through another process) would fall below
+/// How often the metrics recorder drains its histogram samples (its exporter's default).
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
+/// Starts the publisher, the notifier, the sweeper and the metrics upkeep. Returns once the
+/// publisher's and the sweeper's starting points are read: call it before accepting
+/// connections, or what is committed for them meanwhile (a grant, a kick through another process) would fall below
 /// those points and never be published or applied here.
 pub async fn spawn_background(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>> {
     let outbox = newest_id("outbox", || app.store.outbox_max_id()).await;
@@ -759,6 +762,18 @@ pub async fn spawn_background(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>>
     ];
     if app.cfg.webhook_url.is_some() {
         v.push(tokio::spawn(crate::webhook::worker(app.clone())));
+    }
+    if let Some(metrics) = app.metrics.clone() {
+        // Histogram samples are kept until drained: by a scrape of `/metrics`, or by this (the
+        // recorder is installed without its exporter's upkeep task). A server nobody scrapes
+        // otherwise held every command's latency sample for ever.
+        v.push(tokio::spawn(async move {
+            let mut every = tokio::time::interval(METRICS_UPKEEP);
+            loop {
+                every.tick().await;
+                metrics.run_upkeep();
+            }
+        }));
     }
     v.push(tokio::spawn(sweeper(app, kicks)));
     v
