@@ -13,9 +13,10 @@ pub mod tokens;
 pub mod webhook;
 pub mod ws;
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hostlease::protocol::{Action, ActionTable};
 
@@ -32,7 +33,9 @@ pub struct Config {
     pub max_connections: usize,
     /// Open WebSockets per client address (an IPv6 client counts by its /64): one address
     /// could otherwise take all `max_connections`. Behind a proxy or a large NAT every client
-    /// shares an address: raise it there.
+    /// shares an address: raise it there. HTTP connections not upgraded to a WebSocket are
+    /// capped apart, at this many per address and `max_connections` in all: a connection past
+    /// either is closed as it is accepted.
     pub max_sockets_per_address: usize,
     /// Command rate per participant in a room (its sessions share it): sustained per second, and
     /// burst. A command past it is refused `rate_limited` with a time to retry after; frames of
@@ -135,6 +138,50 @@ pub async fn listen(addr: &str, backlog: u32) -> std::io::Result<tokio::net::Tcp
 /// How long a shutdown waits for requests under way and for WebSocket sessions to close.
 const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// An accepted HTTP connection, counted in all (the `Arc`'s holders) and for its client address
+/// until its task ends (an upgraded one is then counted as a WebSocket session).
+struct HttpConn {
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    address: IpAddr,
+}
+
+impl HttpConn {
+    /// The connection's count, or `None` past `max_connections` in all or
+    /// `max_sockets_per_address` from `address`.
+    fn admit(
+        open: &Arc<Mutex<HashMap<IpAddr, usize>>>,
+        address: IpAddr,
+        cfg: &Config,
+    ) -> Option<Self> {
+        let total = Arc::strong_count(open) - 1;
+        let mut by_address = open.lock().expect("connections lock");
+        let n = by_address.entry(address).or_insert(0);
+        if total >= cfg.max_connections || *n >= cfg.max_sockets_per_address {
+            if *n == 0 {
+                by_address.remove(&address);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(HttpConn {
+            open: open.clone(),
+            address,
+        })
+    }
+}
+
+impl Drop for HttpConn {
+    fn drop(&mut self) {
+        let mut by_address = self.open.lock().expect("connections lock");
+        if let Some(n) = by_address.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                by_address.remove(&self.address);
+            }
+        }
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then stops the background tasks.
 /// Connections are served by hyper's HTTP/1.1 server with `Config::header_timeout_ms`; after
 /// `shutdown`, no new connection is taken, requests under way and the sessions (told by
@@ -158,7 +205,7 @@ pub async fn serve(
         .header_read_timeout(std::time::Duration::from_millis(app.cfg.header_timeout_ms));
     // Told to every connection at shutdown; each connection task holds a clone of `open`.
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let open = Arc::new(());
+    let open = Arc::new(Mutex::new(HashMap::new()));
     loop {
         let (socket, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -173,6 +220,12 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let Some(held) = HttpConn::admit(&open, http::client_key(remote.ip()), &app.cfg) else {
+            // Closed at once (a task and a file handle each otherwise: one address sending a
+            // request every few seconds on each kept thousands open, under its request rate).
+            metrics::counter!("hostlease_http_connections_refused_total").increment(1);
+            continue;
+        };
         let service = match make.call(remote).await {
             Ok(s) => s,
             Err(never) => match never {},
@@ -184,7 +237,7 @@ pub async fn serve(
         let conn = http1
             .serve_connection(hyper_util::rt::TokioIo::new(socket), hyper_service)
             .with_upgrades();
-        let (mut stopped, held) = (stopped.clone(), open.clone());
+        let mut stopped = stopped.clone();
         tokio::spawn(async move {
             let _held = held;
             let mut conn = std::pin::pin!(conn);

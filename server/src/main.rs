@@ -125,7 +125,9 @@ struct ServeArgs {
     #[arg(long, env = "HOSTLEASE_MAX_CONNECTIONS", default_value_t = 20_000)]
     max_connections: usize,
     /// Open WebSockets per client address (an IPv6 client counts by its /64); one more is
-    /// refused `too_many_connections`. Behind a proxy or a large NAT, raise it.
+    /// refused `too_many_connections`. Plain HTTP connections are capped apart at as many per
+    /// address (and `--max-connections` in all); one more is closed as accepted. Behind a proxy
+    /// or a large NAT, raise it.
     #[arg(long, env = "HOSTLEASE_MAX_SOCKETS_PER_ADDRESS", default_value_t = 1000,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_sockets_per_address: usize,

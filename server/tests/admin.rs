@@ -778,6 +778,55 @@ async fn sockets_that_send_no_whole_request_head_are_closed() {
     assert_eq!(r.status(), 200);
 }
 
+/// HTTP connections are capped per client address as they are accepted: past the cap a new one
+/// is closed at once (it stayed open until its header timeout, and one address sending a request
+/// every few seconds on each kept thousands open), and a slot frees when a connection ends. A
+/// connection upgraded to a WebSocket no longer counts as one (its session does, apart).
+#[tokio::test]
+async fn http_connections_past_the_per_address_cap_are_closed_at_once() {
+    use tokio::io::AsyncReadExt;
+    let srv = start(hostlease_server::Config {
+        max_sockets_per_address: 2,
+        header_timeout_ms: 60_000,
+        ..test_config()
+    })
+    .await;
+    /// Whether the server closed `s` within a second (end of stream, or a reset).
+    async fn closed_soon(s: &mut tokio::net::TcpStream) -> bool {
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await;
+        matches!(read, Ok(Ok(0)) | Ok(Err(_)))
+    }
+    let mut first = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let mut second = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let mut third = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    assert!(
+        closed_soon(&mut third).await,
+        "a third connection stayed open"
+    );
+    assert!(!closed_soon(&mut first).await);
+    assert!(!closed_soon(&mut second).await);
+    drop((first, second));
+    // Each slot freed once the server has seen its connection end.
+    let healthz = || reqwest::get(format!("http://{}/healthz", srv.addr));
+    let mut ok = false;
+    for _ in 0..50 {
+        if healthz().await.is_ok_and(|r| r.status() == 200) {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "no slot freed");
+    // Two WebSocket sessions from the address, and HTTP still answers.
+    let mut a = srv.raw("cap", "alice", false).await;
+    let mut b = srv.raw("cap", "bob", false).await;
+    let _ = (a.participant_token().await, b.participant_token().await);
+    let (x, y) = tokio::join!(healthz(), healthz());
+    let statuses = (x.unwrap().status().as_u16(), y.unwrap().status().as_u16());
+    assert_eq!(statuses, (200, 200));
+}
+
 /// A session that joins while the server is shutting down is told so and closed (it waited for
 /// a change of the shutdown flag that had already happened).
 #[tokio::test]
