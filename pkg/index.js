@@ -421,7 +421,7 @@ export class Room {
       // Why there is no token is this promise's error, not also an `error` event.
       let why;
       const token = await this._token((e) => (why = e));
-      if (token === null) throw why;
+      if (!token) throw why;
       try {
         return await fetchInbox({ url: this._url, room: this.room, token, since });
       } catch (e) {
@@ -449,14 +449,15 @@ export class Room {
 
   // ----- internals -----------------------------------------------------------------------------
 
+  /** The token to send, or a falsy value after reporting why there is none (to `fail`). */
   async _token(fail) {
     const t = this.#token;
     // Within its refresh margin a token is fetched again, unless it was fetched in the last 10 s
     // (a short-lived one, or this clock ahead of the backend's: not once per dial).
     if (t && (t.expiresAt === undefined || t.expiresAt - TOKEN_REFRESH_EARLY_MS > Date.now() || this._tokenAt > Date.now() - 10_000)) return t.token;
-    // The app's backend failing: a token it gave that has not expired still goes.
-    // (Not one refused meanwhile: that clears it.)
-    return (await this._refreshToken(fail)) ?? (t === this.#token && t?.expiresAt > Date.now() ? t.token : null);
+    // The app's backend failing: the token held now, if it has not expired, still goes (one
+    // another refresh got meanwhile; not one refused meanwhile: that clears it).
+    return (await this._refreshToken(fail)) ?? (this.#token?.expiresAt > Date.now() && this.#token.token);
   }
 
   /** A fresh token from the app, or `null` after reporting why not (to `fail`, by default the
@@ -494,7 +495,7 @@ export class Room {
   async _dial() {
     const token = await this._token();
     if (this._closed) return;
-    if (token === null) {
+    if (!token) {
       // Try again with the supervisor's backoff.
       this._driver.dropConnection();
       return;

@@ -262,6 +262,32 @@ test("inbox() without a token rejects with why, and does not also report it to t
   }
 });
 
+test("a refresh that fails while another succeeds goes with the token the other got", async () => {
+  const settle = [];
+  let calls = 0;
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
+    getToken: () => (calls++ ? new Promise((ok, no) => settle.push({ ok, no })) : { token: "t1", expiresAt: Date.now() + 60_000 }) });
+  const errors = [];
+  room.on("error", (e) => errors.push(e.code));
+  try {
+    await clockAhead(40_000, async () => {
+      // Within the refresh margin: the proactive refresh, and inbox() asking for its own.
+      const proactive = room._refreshToken();
+      const inbox = room.inbox();
+      await new Promise((r) => setTimeout(r, 10));
+      assert.equal(settle.length, 2);
+      settle[0].ok({ token: "t2", expiresAt: Date.now() + 3_600_000 });
+      await proactive;
+      settle[1].no(new Error("backend busy"));
+      // Not `TokenUnavailable`: t2 goes (and finds no server at this address).
+      await assert.rejects(inbox, (e) => e instanceof hl.ConnectionError && e.code === "Unavailable");
+    });
+    assert.deepEqual(errors, []);
+  } finally {
+    room.close();
+  }
+});
+
 test("a data channel that closes is let go of; attachPeer() after close() does nothing", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const channel = () => Object.assign(new EventTarget(), { readyState: "connecting", send() {} });
