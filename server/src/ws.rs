@@ -179,6 +179,15 @@ async fn close_with(sink: &mut Sink, code: ErrorCode, message: &str) {
     let _ = sink.close().await;
 }
 
+/// Whether a read failed on a frame past the transport's limit (twice the protocol's, see
+/// `http::ws_upgrade`): answered `frame_too_large` like one within it, not dropped as a broken
+/// connection (the client saw a reset, and before a hello was told `unexpected_message`).
+fn too_large(e: &axum::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<tungstenite::Error>())
+        .is_some_and(|e| matches!(e, tungstenite::Error::Capacity(_)))
+}
+
 fn decode_error_code(e: &DecodeError) -> ErrorCode {
     match e {
         DecodeError::TooLarge { .. } => ErrorCode::FrameTooLarge,
@@ -292,6 +301,10 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
                 "binary frames are not accepted",
             )
             .await;
+            return;
+        }
+        Ok(Some(Err(e))) if too_large(&e) => {
+            close_with(&mut sink, ErrorCode::FrameTooLarge, "frame too large").await;
             return;
         }
         _ => {
@@ -980,6 +993,10 @@ impl Conn {
         let m = match m {
             Some(Ok(Message::Close(_))) => return Flow::End(true),
             Some(Ok(m)) => m,
+            Some(Err(e)) if too_large(&e) => {
+                close_with(&mut self.sink, ErrorCode::FrameTooLarge, "frame too large").await;
+                return Flow::End(false);
+            }
             Some(Err(_)) | None => return Flow::End(false),
         };
         self.heard = Instant::now();

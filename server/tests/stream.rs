@@ -294,6 +294,23 @@ async fn abusive_clients_get_a_typed_error_and_a_close_without_affecting_others(
     );
     c.send_text(big).await;
     assert_eq!(c.until_closed().await, Some(ErrorCode::FrameTooLarge));
+    // Past the transport's own limit (twice the protocol's): the same typed error, live and as
+    // the first frame (it was a dropped connection, and `unexpected_message` before a hello).
+    let huge = format!(
+        r#"{{"v":1,"t":"signal","to":"x","data":"{}"}}"#,
+        "a".repeat(2 * MAX_CLIENT_FRAME + 10)
+    );
+    let mut c = srv.raw("bad", "huge", false).await;
+    let _ = ptoken(&mut c).await;
+    c.send_text(huge.clone()).await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::FrameTooLarge));
+    let mut c = Raw {
+        ws: connect(srv.addr, "bad").await,
+        seen: vec![],
+        tokens: vec![],
+    };
+    c.send_text(huge).await;
+    assert_eq!(c.until_closed().await, Some(ErrorCode::FrameTooLarge));
     // Flooding (with frames that cost nothing to answer: a burst of resumes is paced instead,
     // and the paced reads leave the rest waiting in the socket).
     let mut c = srv.raw("bad", "flood", false).await;
