@@ -674,12 +674,15 @@ impl Conn {
             }
         }
         let names_me = snapshot.current.assignment.names(&self.me, &self.session);
+        // The lease a welcome tells its host of, with the host capability that goes with it.
+        let mut lease = None;
         if names_me {
             if let Ok(Some(row)) = self.app.store.room(&self.room.id).await {
                 // Not while fenced: the lease it is told of would be authority before the one
                 // it replaced has run out (its holder then learns it from a confirm).
                 if row.epoch == snapshot.current.assignment.epoch && row.lease_held() {
                     snapshot.lease_remaining_ms = Some(row.lease_expires - row.now);
+                    lease = Some((row.lease_expires, row.lease_expires - row.now));
                 }
             }
         }
@@ -699,16 +702,54 @@ impl Conn {
             }))
             .await
             .is_ok();
-        if ok && names_me {
+        if !ok {
+            return false;
+        }
+        if names_me {
             self.become_host(epoch);
         }
-        ok
+        // A host told of its lease by a welcome holds it from then on, and so gets its token
+        // with it: one the server sent while the client was resyncing (the confirm of a probe
+        // answered meanwhile, for an epoch the client had not applied yet) was dropped, and
+        // until the next renewal its host commands failed `NoCapability` with the lease held.
+        match lease {
+            Some((expires, remaining)) => {
+                let capability = self.host_capability(epoch, expires, remaining);
+                self.sink.feed(frame(&capability)).await.is_ok()
+            }
+            None => true,
+        }
     }
 
     fn become_host(&mut self, epoch: Epoch) {
         if self.host_epoch != Some(epoch) {
             self.host_epoch = Some(epoch);
             self.next_probe = Some(Instant::now());
+        }
+    }
+
+    /// A host capability for `epoch`, valid until `expires` (the store clock), `remaining_ms`
+    /// from now.
+    fn host_capability(&self, epoch: Epoch, expires: u64, remaining_ms: u64) -> ServerMsg {
+        let mut actions = self.app.action_table().host;
+        actions.dedup();
+        let claims = CapClaims {
+            room: self.room.id.clone(),
+            sub: self.me.clone(),
+            sid: self.session.clone(),
+            role: Role::Host,
+            epoch: Some(epoch),
+            actions: actions.clone(),
+            exp: expires,
+            sat: self.started_ms,
+            kid: self.app.keys.kid.clone(),
+        };
+        ServerMsg::Capability {
+            role: Role::Host,
+            token: Token::new(self.app.keys.sign_token(CAP_PREFIX, &claims)),
+            epoch: Some(epoch),
+            actions,
+            expires_in_ms: remaining_ms,
         }
     }
 
@@ -844,30 +885,10 @@ impl Conn {
                 // next renewal and a healthy host is failed over.
                 let due = Instant::now() + Duration::from_millis(self.host_ttl / 3);
                 self.next_probe = Some(self.next_probe.map_or(due, |p| p.min(due)));
-                let mut actions = self.app.action_table().host;
-                actions.dedup();
-                let claims = CapClaims {
-                    room: self.room.id.clone(),
-                    sub: self.me.clone(),
-                    sid: self.session.clone(),
-                    role: Role::Host,
-                    epoch: Some(epoch),
-                    actions: actions.clone(),
-                    exp: expires,
-                    sat: self.started_ms,
-                    kid: self.app.keys.kid.clone(),
-                };
-                let token = Token::new(self.app.keys.sign_token(CAP_PREFIX, &claims));
                 // The token first: a client's lease is held from the confirm on, and so it can
                 // act as host from that moment (its `lease: held` event means authority).
                 let ok = self
-                    .send(&ServerMsg::Capability {
-                        role: Role::Host,
-                        token,
-                        epoch: Some(epoch),
-                        actions,
-                        expires_in_ms: lease_ms,
-                    })
+                    .send(&self.host_capability(epoch, expires, lease_ms))
                     .await
                     && self
                         .send(&ServerMsg::LeaseConfirm {

@@ -894,6 +894,55 @@ async fn a_participant_s_sessions_share_its_command_rate() {
     assert!(limited(&o), "a reconnect had a fresh burst: {o:?}");
 }
 
+/// A welcome that tells its host of its lease brings the host capability with it, and the
+/// capability works: the one a confirm brought while the client resynced (for an epoch it had
+/// not applied yet) was dropped, and host commands failed `NoCapability` until the next renewal.
+#[tokio::test]
+async fn a_welcome_telling_the_host_of_its_lease_brings_its_capability() {
+    let srv = start(test_config()).await;
+    let mut h = srv.raw("wcap", "alice", true).await;
+    h.until_host().await;
+    h.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+    let remaining = h
+        .until(|m| match m {
+            ServerMsg::Welcome { snapshot, .. } => Some(snapshot.lease_remaining_ms),
+            _ => None,
+        })
+        .await
+        .expect("the host is told of its lease");
+    // What comes up to the fresh participant token (probes go unanswered: no confirm).
+    let mut host = Vec::new();
+    loop {
+        match h.next(WAIT).await.expect("a frame") {
+            ServerMsg::Capability {
+                role: Role::Host,
+                token,
+                epoch,
+                expires_in_ms,
+                ..
+            } => host.push((token, epoch, expires_in_ms)),
+            ServerMsg::Capability {
+                role: Role::Participant,
+                ..
+            } => break,
+            _ => {}
+        }
+    }
+    assert_eq!(host.len(), 1, "one host capability with the welcome");
+    let (token, epoch, expires_in_ms) = host.pop().unwrap();
+    assert_eq!((epoch, expires_in_ms), (Some(Epoch(1)), remaining));
+    h.send(&ClientMsg::Command {
+        id: IdempotencyKey::new("open-1").unwrap(),
+        action: Action::new("poll.open").unwrap(),
+        payload: serde_json::json!({}).into(),
+        epoch: Some(Epoch(1)),
+        capability: token,
+    })
+    .await;
+    let o = result_of(&mut h, "open-1").await;
+    assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+}
+
 /// The SDK's core retries refused commands after the server's retry time: a burst past the
 /// rate (votes queued while offline, sent at once) all land, once each, on one connection.
 #[tokio::test]
