@@ -457,7 +457,7 @@ export class Room {
     if (t && (t.expiresAt === undefined || t.expiresAt - TOKEN_REFRESH_EARLY_MS > Date.now() || this._tokenAt > Date.now() - 10_000)) return t.token;
     // The app's backend failing: the token held now, if it has not expired, still goes (one
     // another refresh got meanwhile; not one refused meanwhile: that clears it).
-    return (await this._refreshToken(fail)) ?? (this.#token?.expiresAt > Date.now() && this.#token.token);
+    return (await this._refreshToken(fail)) ?? (!(this.#token?.expiresAt <= Date.now()) && this.#token?.token);
   }
 
   /** A fresh token from the app, or `null` after reporting why not (to `fail`, by default the
@@ -483,11 +483,12 @@ export class Room {
     const left = t.expiresAt - (this._tokenAt = Date.now());
     if (Number.isFinite(left) && !this._closed) {
       // Refresh ahead of expiry so that a reconnect never waits on the app's backend: 30 s
-      // before, or half way for a shorter token; within what a timer can wait (about 24 days).
+      // before, or half way for a shorter token; at most 2e9 ms, 23 days (a timer
+      // waits at most 2^31 - 1 ms).
       // Never sooner than 10 s: a token that looks spent on arrival (this clock ahead of the
       // backend's) is not asked for again every second.
       const wait = left > 2 * TOKEN_REFRESH_EARLY_MS ? left - TOKEN_REFRESH_EARLY_MS : left / 2;
-      this._refreshTimer = setTimeout(() => this._refreshToken(), Math.min(2 ** 31 - 1, Math.max(10_000, wait)));
+      this._refreshTimer = setTimeout(() => this._refreshToken(), Math.min(2e9, Math.max(10_000, wait)));
     }
     return t.token;
   }

@@ -262,7 +262,11 @@ test("inbox() without a token rejects with why, and does not also report it to t
   }
 });
 
-test("a refresh that fails while another succeeds goes with the token the other got", async () => {
+test("a refresh that fails while another succeeds goes with the token the other got (one with an expiresAt, or a bare string)", async () => {
+  for (const fresh of [{ token: "t2", expiresAt: Date.now() + 3_600_000 }, "t2"]) await refreshRace(fresh);
+});
+
+async function refreshRace(fresh) {
   const settle = [];
   let calls = 0;
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
@@ -276,7 +280,7 @@ test("a refresh that fails while another succeeds goes with the token the other 
       const inbox = room.inbox();
       await new Promise((r) => setTimeout(r, 10));
       assert.equal(settle.length, 2);
-      settle[0].ok({ token: "t2", expiresAt: Date.now() + 3_600_000 });
+      settle[0].ok(fresh);
       await proactive;
       settle[1].no(new Error("backend busy"));
       // Not `TokenUnavailable`: t2 goes (and finds no server at this address).
@@ -286,7 +290,7 @@ test("a refresh that fails while another succeeds goes with the token the other 
   } finally {
     room.close();
   }
-});
+}
 
 test("a data channel that closes is let go of; attachPeer() after close() does nothing", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });

@@ -296,11 +296,16 @@ async fn command(
         };
         return (StatusCode::FORBIDDEN, json_body(&outcome)).into_response();
     };
-    // The participant's command rate, shared with its WebSocket sessions.
-    if let Err(ms) = app
-        .command_limiter
-        .admit((room.clone(), claims.sub.clone()))
-    {
+    // The participant's command rate, shared with its WebSocket sessions; charged for a
+    // capability that has not expired only (anyone holding an old one of X's, whose signature
+    // stays good, could otherwise keep X's bucket empty).
+    let rate = if claims.exp > crate::tokens::now_ms() {
+        app.command_limiter
+            .admit((room.clone(), claims.sub.clone()))
+    } else {
+        Ok(())
+    };
+    if let Err(ms) = rate {
         metrics::counter!("hostlease_commands_total", "result" => RejectCode::RateLimited.as_str())
             .increment(1);
         let outcome = Outcome::Rejected {

@@ -1215,8 +1215,9 @@ impl Store for SqliteStore {
         let mut c = self.pool.acquire().await?;
         let mut items = Vec::new();
         {
-            // Newest first, row by row: a log of large items past the budget is not read (it was
-            // read whole, up to `limit` rows of 59 KiB, and cut down to the budget after).
+            // Newest first, row by row: a log of large items past the budget is not read, but for
+            // the few rows the driver reads ahead (it was read whole, up to `limit` rows of
+            // 59 KiB, and cut down to the budget after).
             let mut rows = sqlx::query_scalar::<_, String>(
                 "SELECT item FROM log WHERE room = ? AND seq > ? AND seq <= ? ORDER BY seq DESC LIMIT ?",
             )

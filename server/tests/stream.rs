@@ -894,6 +894,53 @@ async fn a_participant_s_sessions_share_its_command_rate() {
     assert!(limited(&o), "a reconnect had a fresh burst: {o:?}");
 }
 
+/// A capability that has expired costs its participant nothing over HTTP: anyone holding an old
+/// one (its signature stays good) could otherwise keep the participant's command rate spent.
+#[tokio::test]
+async fn an_expired_capability_does_not_spend_its_participant_s_rate() {
+    let srv = start(hostlease_server::Config {
+        msg_rate: 0.1,
+        msg_burst: 2.0,
+        ..test_config()
+    })
+    .await;
+    let mut bob = srv.raw("spent", "bob", false).await;
+    let p = ptoken(&mut bob).await;
+    let claims: hostlease_server::tokens::CapClaims = srv
+        .app
+        .cap_keys
+        .verify(hostlease_server::tokens::CAP_PREFIX, p.expose())
+        .unwrap();
+    let old = hostlease_server::tokens::CapClaims {
+        exp: hostlease_server::tokens::now_ms() - 1,
+        ..claims
+    };
+    let old = srv
+        .app
+        .keys
+        .sign_token(hostlease_server::tokens::CAP_PREFIX, &old);
+    let http = reqwest::Client::new();
+    for i in 0..4 {
+        let r = http
+            .post(format!("http://{}/v1/rooms/spent/commands", srv.addr))
+            .bearer_auth(&old)
+            .header("Idempotency-Key", format!("old-{i}"))
+            .json(&serde_json::json!({"action": "vote", "payload": {"n": i}}))
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(r.status(), 429, "an expired capability was charged");
+        assert_ne!(r.status(), 200);
+    }
+    for i in 0..2 {
+        let id = format!("live-{i}");
+        bob.send(&vote_frame(&p, &id, serde_json::json!({ "i": i })))
+            .await;
+        let o = result_of(&mut bob, &id).await;
+        assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+    }
+}
+
 /// A welcome that tells its host of its lease brings the host capability with it, and the
 /// capability works: the one a confirm brought while the client resynced (for an epoch it had
 /// not applied yet) was dropped, and host commands failed `NoCapability` until the next renewal.

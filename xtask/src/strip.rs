@@ -139,13 +139,15 @@ fn located_paths(
     segments: &[Segment],
     paths: &[Range<usize>],
 ) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
-    // Each candidate's address in memory, and the earliest file address naming it.
-    let mut in_memory: Vec<(Range<usize>, Option<usize>)> = paths
+    // Each candidate (cut to the segment its `.rs` is in: the walk back may have gone into the
+    // bytes before it), its address in memory, and the earliest file address naming it.
+    let mut candidates: Vec<(Range<usize>, Range<usize>, Option<usize>)> = paths
         .iter()
         .filter_map(|p| {
-            let s = segments.iter().find(|s| s.bytes.contains(&p.start))?;
-            let at = s.address + (p.start - s.bytes.start);
-            Some((at..at + p.len(), None))
+            let s = segments.iter().find(|s| s.bytes.contains(&(p.end - 1)))?;
+            let start = p.start.max(s.bytes.start);
+            let at = s.address + (start - s.bytes.start);
+            Some((start..p.end, at..at + (p.end - start), None))
         })
         .collect();
     let u32_at = |i: usize| u32::from_le_bytes(wasm[i..i + 4].try_into().unwrap()) as usize;
@@ -155,10 +157,10 @@ fn located_paths(
         let mut i = s.bytes.start + (4 - s.address % 4) % 4;
         while i + 16 <= s.bytes.end {
             let (file, len) = (u32_at(i), u32_at(i + 4));
-            let named = in_memory
+            let named = candidates
                 .iter_mut()
-                .find(|(p, _)| len > 0 && p.contains(&file) && file + len == p.end);
-            if let Some((_, first)) = named {
+                .find(|(_, m, _)| len > 0 && m.contains(&file) && file + len == m.end);
+            if let Some((_, _, first)) = named {
                 *first = Some(first.map_or(file, |f| f.min(file)));
                 records.push((i..i + 16, file + len));
                 i += 16;
@@ -168,14 +170,13 @@ fn located_paths(
         }
     }
     // Back to ranges of `wasm`: the path from its first named byte to its end.
-    let located: Vec<(Range<usize>, Range<usize>)> = paths
-        .iter()
-        .zip(&in_memory)
-        .filter_map(|(p, (m, first))| {
-            let start = p.start + ((*first)? - m.start);
+    let located: Vec<(Range<usize>, Range<usize>)> = candidates
+        .into_iter()
+        .filter_map(|(p, m, first)| {
+            let start = p.start + (first? - m.start);
             let path = start..p.end;
             let has_src = wasm[path.clone()].windows(4).any(|w| w == b"src/");
-            has_src.then(|| (path, m.clone()))
+            has_src.then_some((path, m))
         })
         .collect();
     let records = records
@@ -678,6 +679,43 @@ mod tests {
         assert_eq!(&out[6..22], &[0; 16]);
         assert_eq!(&out[22..42], b"\x02src/core/unnamed.rs");
         assert_eq!(&out[44..], &[0; 32]);
+    }
+
+    /// A path at the start of a segment whose length byte reads as a path character (`0`: 48
+    /// bytes) is cut to the segment: the segment's header stays, and the paths after it keep
+    /// their own addresses (a candidate that started in the header once fell out of the list
+    /// and shifted every path after it onto another's address).
+    #[test]
+    fn a_path_at_a_segment_s_start_stays_in_its_segment() {
+        let mut a = b"src/core/a.rs".to_vec();
+        a.resize(16, 0xee);
+        a.extend(location(DATA_AT, 13, 1, 1));
+        a.resize(48, 0xee);
+        let mut b = b"\x01\x02src/core/b.rs".to_vec();
+        b.resize(16, 0xee);
+        b.extend(location(DATA_AT + 1024 + 2, 13, 2, 2));
+        let mut segments = vec![2];
+        for (at, data) in [(DATA_AT, &a), (DATA_AT + 1024, &b)] {
+            segments.extend([0, 0x41]);
+            segments.extend(sleb128_bytes(at));
+            segments.push(0x0b);
+            segments.extend(leb128_bytes(data.len()));
+            segments.extend(data.iter());
+        }
+        let mut m = b"\0asm\x01\0\0\0".to_vec();
+        m.extend(section(11, &segments));
+        let header = m.windows(14).position(|w| w == b"0src/core/a.rs").unwrap();
+        let n = zero_panic_text(&mut m).unwrap();
+        assert_eq!((n.text, n.locations), (26, 2));
+        assert_eq!(m[header], b'0', "the first segment's length");
+        assert_eq!(
+            &m[header + 1..header + 17],
+            &[&[0; 13][..], &[0xee; 3]].concat()[..]
+        );
+        assert_eq!(
+            &m[m.len() - b.len()..][..16],
+            &[&[1, 2][..], &[0; 13], &[0xee]].concat()[..]
+        );
     }
 
     /// A panic location (file address and length, line, column) naming a zeroed path is zeroed;
