@@ -49,8 +49,11 @@ export declare class CommandError extends HostleaseError {
 export declare class ConnectionError extends HostleaseError {}
 export declare class ProtocolError extends HostleaseError {}
 
-/** Loads the WebAssembly module; await it once before `connect`. */
-export declare function init(input?: string | URL | Request | Response | BufferSource | WebAssembly.Module): Promise<void>;
+/** Loads the WebAssembly module; await it once before `connect`. Without `input` the `.wasm` is
+ * fetched from next to the package's glue (`new URL("hostlease_bg.wasm", import.meta.url)`,
+ * which Vite rewrites); esbuild users pass its URL (see the README). A load that fails rejects
+ * with a `UsageError` (`NotInitialized`), and `init()` may be called again. */
+export declare function init(input?: string | URL | Request | Response | Promise<Response> | BufferSource | WebAssembly.Module): Promise<void>;
 /** The wire-protocol major version. Throws a `UsageError` (`NotInitialized`) before `init()`. */
 export declare function version(): number;
 

@@ -25,7 +25,7 @@ const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "
   "--disable-dev-shm-usage"];
 /** What the quick start's placeholders stand for in this app. */
 const PLACEHOLDER_URL = '"wss://your-server.example"';
-const PREAMBLE = `// Not in the quick start: what its last line assumes the app already has.
+const PREAMBLE = `// Not in the quick start: the peer connection and peer id it assumes the app already has.
 const pc = new RTCPeerConnection();
 const peerId = "peer-of-" + new URLSearchParams(location.search).get("as");
 `;

@@ -77,6 +77,7 @@ pub fn smoke(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
                 "--bundle",
                 "--format=esm",
                 "--platform=browser",
+                "--loader:.wasm=file",
             ])
             .arg(format!(
                 "--outfile={}",
@@ -86,6 +87,21 @@ pub fn smoke(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
     let bundled = std::fs::read_to_string(out.join("esbuild/out.js")).map_err(|e| e.to_string())?;
     if !bundled.contains("hostlease_bg.wasm") || !bundled.contains("HostleaseError") {
         return Err("the esbuild bundle lacks the wasm loader or the wrapper".into());
+    }
+    // The .wasm imported through the package's `./hostlease_bg.wasm` export was copied next to
+    // the bundle, byte for byte, under the name the bundle gives init().
+    let wasm = std::fs::read(root.join("pkg/wasm/hostlease_bg.wasm")).map_err(|e| e.to_string())?;
+    let copied = std::fs::read_dir(out.join("esbuild"))
+        .map_err(|e| e.to_string())?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("hostlease_bg-") && n.ends_with(".wasm"))
+        .ok_or("esbuild did not copy the .wasm imported as a file")?;
+    let same = std::fs::read(out.join("esbuild").join(&copied)).map_err(|e| e.to_string())? == wasm;
+    if !same || !bundled.contains(&format!("./{copied}")) {
+        return Err(format!(
+            "the esbuild bundle does not load the copied {copied}"
+        ));
     }
 
     run(
