@@ -306,13 +306,7 @@ async fn command(
         Ok(())
     };
     if let Err(ms) = rate {
-        metrics::counter!("hostlease_commands_total", "result" => RejectCode::RateLimited.as_str())
-            .increment(1);
-        let outcome = Outcome::Rejected {
-            code: RejectCode::RateLimited,
-            current: None,
-            retry_after_ms: Some(ms),
-        };
+        let outcome = crate::ws::rate_limited(ms);
         let secs = ms.div_ceil(1000).max(1).to_string();
         return (
             StatusCode::TOO_MANY_REQUESTS,

@@ -1113,13 +1113,7 @@ impl Conn {
                 if let Err(ms) = rate {
                     // Over the command rate: refused, retryable, in order with the answers
                     // before it; the SDK backs off for at least `retry_after_ms`.
-                    metrics::counter!("hostlease_commands_total", "result" => RejectCode::RateLimited.as_str())
-                        .increment(1);
-                    let outcome = Outcome::Rejected {
-                        code: RejectCode::RateLimited,
-                        current: None,
-                        retry_after_ms: Some(ms),
-                    };
+                    let outcome = rate_limited(ms);
                     commands.push_back(Box::pin(std::future::ready(ServerMsg::CommandResult {
                         id,
                         outcome,
@@ -1174,6 +1168,17 @@ impl Conn {
             }
             _ => Flow::Continue,
         }
+    }
+}
+
+/// A command refused for its participant's command rate (counted), to retry after `ms`.
+pub(crate) fn rate_limited(ms: u64) -> Outcome {
+    metrics::counter!("hostlease_commands_total", "result" => RejectCode::RateLimited.as_str())
+        .increment(1);
+    Outcome::Rejected {
+        code: RejectCode::RateLimited,
+        current: None,
+        retry_after_ms: Some(ms),
     }
 }
 

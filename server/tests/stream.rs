@@ -41,6 +41,18 @@ fn vote_frame(p: &Token, id: &str, payload: serde_json::Value) -> ClientMsg {
     }
 }
 
+/// A vote posted to the HTTP command endpoint with capability `cap`.
+async fn post_vote(srv: &TestServer, room: &str, cap: &str, key: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("http://{}/v1/rooms/{room}/commands", srv.addr))
+        .bearer_auth(cap)
+        .header("Idempotency-Key", key)
+        .json(&serde_json::json!({"action": "vote", "payload": {"n": 1}}))
+        .send()
+        .await
+        .unwrap()
+}
+
 /// Reads until the result of command `id`.
 async fn result_of(r: &mut Raw, id: &str) -> Outcome {
     let want = IdempotencyKey::new(id).unwrap();
@@ -874,14 +886,7 @@ async fn a_participant_s_sessions_share_its_command_rate() {
     let o = outcome(&mut carol, &pc, "c0").await;
     assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
     // Over HTTP, with the same participant's capability: refused, 429 with a Retry-After.
-    let r = reqwest::Client::new()
-        .post(format!("http://{}/v1/rooms/shared-rate/commands", srv.addr))
-        .bearer_auth(p1.expose())
-        .header("Idempotency-Key", "h0")
-        .json(&serde_json::json!({"action": "vote", "payload": {"n": 1}}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_vote(&srv, "shared-rate", p1.expose(), "h0").await;
     assert_eq!(r.status(), 429);
     assert!(r.headers().contains_key("retry-after"));
     let body: serde_json::Value = r.json().await.unwrap();
@@ -919,16 +924,8 @@ async fn an_expired_capability_does_not_spend_its_participant_s_rate() {
         .app
         .keys
         .sign_token(hostlease_server::tokens::CAP_PREFIX, &old);
-    let http = reqwest::Client::new();
     for i in 0..4 {
-        let r = http
-            .post(format!("http://{}/v1/rooms/spent/commands", srv.addr))
-            .bearer_auth(&old)
-            .header("Idempotency-Key", format!("old-{i}"))
-            .json(&serde_json::json!({"action": "vote", "payload": {"n": i}}))
-            .send()
-            .await
-            .unwrap();
+        let r = post_vote(&srv, "spent", &old, &format!("old-{i}")).await;
         assert_ne!(r.status(), 429, "an expired capability was charged");
         assert_ne!(r.status(), 200);
     }
