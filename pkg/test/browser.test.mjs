@@ -100,6 +100,28 @@ test("the first member becomes host and its host command succeeds with its token
   await closeAll(a, b);
 });
 
+test("the esbuild bundle of the packaging smoke loads its .wasm from the URL it imported and goes live", async () => {
+  // Built by the package smoke step before this one: `init(wasmUrl)` with the .wasm that
+  // `--loader:.wasm=file` copied beside the bundle (as the README tells esbuild users).
+  const ctx = await browser.newContext();
+  try {
+    const page = await ctx.newPage();
+    await page.goto(`http://127.0.0.1:${statics.port}/esbuild/`);
+    const token = await srv.mintToken("esbuild", "eve");
+    const phase = await page.evaluate(async ({ url, token }) => {
+      const { start } = await import("./out.js");
+      const room = await start(url, "esbuild", token);
+      for (let i = 0; i < 300 && room.view.phase !== "live"; i++) await new Promise((r) => setTimeout(r, 50));
+      const phase = room.view.phase;
+      room.close();
+      return phase;
+    }, { url: `ws://127.0.0.1:${srv.port}`, token });
+    assert.equal(phase, "live");
+  } finally {
+    await ctx.close();
+  }
+});
+
 test("after a failover the old host is refused locally and, sent raw, by the server", async () => {
   const room = newRoom();
   const a = await member(room, "alice", { webrtc: false });
