@@ -13,10 +13,9 @@ pub mod tokens;
 pub mod webhook;
 pub mod ws;
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use hostlease::protocol::{Action, ActionTable};
 
@@ -138,50 +137,6 @@ pub async fn listen(addr: &str, backlog: u32) -> std::io::Result<tokio::net::Tcp
 /// How long a shutdown waits for requests under way and for WebSocket sessions to close.
 const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// An accepted HTTP connection, counted in all (the `Arc`'s holders) and for its client address
-/// until its task ends (an upgraded one is then counted as a WebSocket session).
-struct HttpConn {
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    address: IpAddr,
-}
-
-impl HttpConn {
-    /// The connection's count, or `None` past `max_connections` in all or
-    /// `max_sockets_per_address` from `address`.
-    fn admit(
-        open: &Arc<Mutex<HashMap<IpAddr, usize>>>,
-        address: IpAddr,
-        cfg: &Config,
-    ) -> Option<Self> {
-        let total = Arc::strong_count(open) - 1;
-        let mut by_address = open.lock().expect("connections lock");
-        let n = by_address.entry(address).or_insert(0);
-        if total >= cfg.max_connections || *n >= cfg.max_sockets_per_address {
-            if *n == 0 {
-                by_address.remove(&address);
-            }
-            return None;
-        }
-        *n += 1;
-        Some(HttpConn {
-            open: open.clone(),
-            address,
-        })
-    }
-}
-
-impl Drop for HttpConn {
-    fn drop(&mut self) {
-        let mut by_address = self.open.lock().expect("connections lock");
-        if let Some(n) = by_address.get_mut(&self.address) {
-            *n -= 1;
-            if *n == 0 {
-                by_address.remove(&self.address);
-            }
-        }
-    }
-}
-
 /// Serves `app` on `listener` until `shutdown` resolves, then stops the background tasks.
 /// Connections are served by hyper's HTTP/1.1 server with `Config::header_timeout_ms`; after
 /// `shutdown`, no new connection is taken, requests under way and the sessions (told by
@@ -203,9 +158,10 @@ pub async fn serve(
     http1
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(std::time::Duration::from_millis(app.cfg.header_timeout_ms));
-    // Told to every connection at shutdown; each connection task holds a clone of `open`.
+    // Told to every connection at shutdown. HTTP connections are counted until their task ends
+    // (an upgraded one is then counted as a WebSocket session).
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let open = Arc::new(Mutex::new(HashMap::new()));
+    let open: Arc<limit::Sockets> = Arc::default();
     loop {
         let (socket, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -220,12 +176,13 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let Some(held) = HttpConn::admit(&open, http::client_key(remote.ip()), &app.cfg) else {
+        let (held, total, from_address) = limit::Counted::new(&open, http::client_key(remote.ip()));
+        if total > app.cfg.max_connections || from_address > app.cfg.max_sockets_per_address {
             // Closed at once (a task and a file handle each otherwise: one address sending a
             // request every few seconds on each kept thousands open, under its request rate).
             metrics::counter!("hostlease_http_connections_refused_total").increment(1);
             continue;
-        };
+        }
         let service = match make.call(remote).await {
             Ok(s) => s,
             Err(never) => match never {},
@@ -255,9 +212,7 @@ pub async fn serve(
     // HTTP connections answer what is under way; WebSocket sessions (no longer HTTP
     // connections once upgraded) send their close.
     let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
-    while (Arc::strong_count(&open) > 1
-        || app.connections.load(std::sync::atomic::Ordering::Relaxed) > 0)
-        && tokio::time::Instant::now() < deadline
+    while (open.total() > 0 || app.ws_sockets.total() > 0) && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }

@@ -1,10 +1,64 @@
 //! Token buckets: one per connection (frames, resumes), and keyed tables of them (HTTP requests
-//! per client address, commands per participant in a room).
+//! per client address, commands per participant in a room); and counts of open sockets, in all
+//! and per client address (WebSocket sessions, HTTP connections not upgraded).
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Mutex;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// Open sockets, in all and per client address (as [`crate::http::client_key`] keys it); an
+/// address with none has no entry, so the map holds at most as many entries as sockets are open.
+#[derive(Default)]
+pub struct Sockets {
+    total: AtomicUsize,
+    by_address: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Sockets {
+    /// Sockets open now.
+    pub fn total(&self) -> usize {
+        self.total.load(Ordering::Relaxed)
+    }
+}
+
+/// One socket counted in its [`Sockets`] until dropped.
+pub struct Counted {
+    sockets: Arc<Sockets>,
+    address: IpAddr,
+}
+
+impl Counted {
+    /// Counts a socket from `address`; also says how many are open in all and from `address`,
+    /// this one included.
+    pub fn new(sockets: &Arc<Sockets>, address: IpAddr) -> (Self, usize, usize) {
+        let total = sockets.total.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut by_address = sockets.by_address.lock().expect("address lock");
+        let n = by_address.entry(address).or_insert(0);
+        *n += 1;
+        let from_address = *n;
+        let counted = Counted {
+            sockets: sockets.clone(),
+            address,
+        };
+        (counted, total, from_address)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.sockets.total.fetch_sub(1, Ordering::Relaxed);
+        let mut by_address = self.sockets.by_address.lock().expect("address lock");
+        if let Some(n) = by_address.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                by_address.remove(&self.address);
+            }
+        }
+    }
+}
 
 /// A token bucket for a rate.
 pub struct Bucket {

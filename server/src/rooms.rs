@@ -351,10 +351,8 @@ pub struct App {
     /// await): every join passes here, and a fair async lock held across a store read made a
     /// reconnect storm's joins queue behind one another.
     pub rooms: Mutex<HashMap<RoomId, Arc<Room>>>,
-    pub connections: AtomicUsize,
-    /// Open WebSockets per client address (as the HTTP limiter keys it); an address with none
-    /// has no entry, so the map holds at most `max_connections` entries.
-    pub sockets_by_address: Mutex<HashMap<std::net::IpAddr, usize>>,
+    /// Open WebSockets, in all and per client address.
+    pub ws_sockets: Arc<crate::limit::Sockets>,
     pub committed: Notify,
     pub shutdown: tokio::sync::watch::Sender<bool>,
     /// Signs dev join tokens when `--dev` is on.
@@ -391,8 +389,7 @@ impl App {
             join_keys,
             cap_keys,
             rooms: Mutex::new(HashMap::new()),
-            connections: AtomicUsize::new(0),
-            sockets_by_address: Mutex::new(HashMap::new()),
+            ws_sockets: Arc::default(),
             committed: Notify::new(),
             shutdown: tokio::sync::watch::channel(false).0,
             dev_app_key,
@@ -961,8 +958,7 @@ async fn sweeper(app: Arc<App>, mut last_kick: i64) {
                 tracing::warn!(error = %e, "housekeeping failed");
             }
         }
-        metrics::gauge!("hostlease_connections")
-            .set(app.connections.load(Ordering::Relaxed) as f64);
+        metrics::gauge!("hostlease_connections").set(app.ws_sockets.total() as f64);
     }
 }
 

@@ -8,7 +8,6 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +29,7 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::wrappers::BroadcastStream;
 
-use crate::limit::Bucket;
+use crate::limit::{Bucket, Counted};
 use crate::rooms::{correlation_id, App, Bcast, Direct, Room};
 use crate::store::{CommandDone, CommandReq, Pending, Renewed};
 use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
@@ -214,37 +213,10 @@ fn random_session() -> SessionId {
     SessionId::new(format!("s-{s}")).expect("valid session id")
 }
 
-/// Counts an open socket, in all and for its client's address, until it is dropped (however
-/// the session ends).
-struct ConnGuard(Arc<App>, IpAddr);
-impl ConnGuard {
-    /// The guard, and the open sockets in all and from `address`, this one included.
-    fn new(app: &Arc<App>, address: IpAddr) -> (Self, usize, usize) {
-        let count = app.connections.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut by_address = app.sockets_by_address.lock().expect("address lock");
-        let n = by_address.entry(address).or_insert(0);
-        *n += 1;
-        let from_address = *n;
-        (Self(app.clone(), address), count, from_address)
-    }
-}
-impl Drop for ConnGuard {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
-        let mut by_address = self.0.sockets_by_address.lock().expect("address lock");
-        if let Some(n) = by_address.get_mut(&self.1) {
-            *n -= 1;
-            if *n == 0 {
-                by_address.remove(&self.1);
-            }
-        }
-    }
-}
-
 /// `address`: the client's, as the HTTP limiter keys it.
 pub async fn run(app: Arc<App>, room_id: RoomId, address: IpAddr, socket: WebSocket) {
     // Counted until the socket is dropped, drain included, so the caps bound open sockets.
-    let (_guard, count, from_address) = ConnGuard::new(&app, address);
+    let (_counted, count, from_address) = Counted::new(&app.ws_sockets, address);
     let (sink, mut stream) = socket.split();
     let mut sink = Sink {
         inner: sink,
