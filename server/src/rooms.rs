@@ -747,8 +747,8 @@ const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
 /// Starts the publisher, the notifier, the sweeper and the metrics upkeep. Returns once the
 /// publisher's and the sweeper's starting points are read: call it before accepting
-/// connections, or what is committed for them meanwhile (a grant, a kick through another process) would fall below
-/// those points and never be published or applied here.
+/// connections, or what is committed for them meanwhile (a grant, a kick through another
+/// process) would fall below those points and never be published or applied here.
 pub async fn spawn_background(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>> {
     let outbox = newest_id("outbox", || app.store.outbox_max_id()).await;
     // Kicks recorded before this process started concern no session of its own.

@@ -653,8 +653,9 @@ impl Conn {
                 // Not while fenced: the lease it is told of would be authority before the one
                 // it replaced has run out (its holder then learns it from a confirm).
                 if row.epoch == snapshot.current.assignment.epoch && row.lease_held() {
-                    snapshot.lease_remaining_ms = Some(row.lease_expires - row.now);
-                    lease = Some((row.lease_expires, row.lease_expires - row.now));
+                    let remaining = row.lease_expires - row.now;
+                    snapshot.lease_remaining_ms = Some(remaining);
+                    lease = Some((row.lease_expires, remaining));
                 }
             }
         }
