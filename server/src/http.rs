@@ -64,16 +64,21 @@ async fn rate_limit(
     match app.http_limiter.admit(client_key(addr.ip())) {
         Ok(()) => next.run(req).await,
         Err(ms) => {
-            let secs = ms.div_ceil(1000).max(1);
             metrics::counter!("hostlease_http_rate_limited_total").increment(1);
-            (
-                StatusCode::TOO_MANY_REQUESTS,
-                [(header::RETRY_AFTER, secs.to_string())],
-                "rate limited",
-            )
-                .into_response()
+            too_many_requests(ms, "rate limited")
         }
     }
+}
+
+/// 429 with `body` and a `Retry-After` of `ms` in whole seconds (at least 1).
+fn too_many_requests(ms: u64, body: impl IntoResponse) -> Response {
+    let secs = ms.div_ceil(1000).max(1).to_string();
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, secs)],
+        body,
+    )
+        .into_response()
 }
 
 /// What a browser app served from another origin may read: snapshots, its inbox (the join token
@@ -306,14 +311,7 @@ async fn command(
         Ok(())
     };
     if let Err(ms) = rate {
-        let outcome = crate::ws::rate_limited(ms);
-        let secs = ms.div_ceil(1000).max(1).to_string();
-        return (
-            StatusCode::TOO_MANY_REQUESTS,
-            [(header::RETRY_AFTER, secs)],
-            json_body(&outcome),
-        )
-            .into_response();
+        return too_many_requests(ms, json_body(&crate::ws::rate_limited(ms)));
     }
     let hub = match app.room(&room).await {
         Ok(Some(h)) => h,
