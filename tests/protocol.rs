@@ -9,8 +9,8 @@ use wasm_bindgen_test::wasm_bindgen_test as test;
 
 use common::*;
 use hostlease::protocol::codec::{
-    decode_body, encode_body, signing_bytes, MAX_CLIENT_FRAME, MAX_CLIENT_PAYLOAD, MAX_MEMBERS,
-    MAX_SERVER_FRAME,
+    decode_body, decode_payload, encode_body, signing_bytes, MAX_CLIENT_FRAME, MAX_CLIENT_PAYLOAD,
+    MAX_MEMBERS, MAX_PAYLOAD_DEPTH, MAX_SERVER_FRAME,
 };
 use hostlease::protocol::*;
 use proptest::prelude::*;
@@ -309,7 +309,7 @@ fn the_largest_payload_fits_a_frame_with_the_longest_everything_else() {
     // A JSON string of exactly MAX_CLIENT_PAYLOAD bytes, escapes included.
     let body = format!("\"{}\"", "\\n".repeat((MAX_CLIENT_PAYLOAD - 2) / 2));
     assert_eq!(body.len(), MAX_CLIENT_PAYLOAD);
-    let payload: Json = decode_body(&body, MAX_CLIENT_PAYLOAD).unwrap();
+    let payload = decode_payload(&body).unwrap();
     for msg in [
         ClientMsg::Command {
             id: IdempotencyKey::new(longest('k')).unwrap(),
@@ -331,9 +331,62 @@ fn the_largest_payload_fits_a_frame_with_the_longest_everything_else() {
     // One byte more is refused before it reaches a frame.
     let over = format!("\"{}\"", "x".repeat(MAX_CLIENT_PAYLOAD - 1));
     assert!(matches!(
-        decode_body::<Json>(&over, MAX_CLIENT_PAYLOAD),
+        decode_payload(&over),
         Err(DecodeError::TooLarge { .. })
     ));
+}
+
+/// A payload the SDK lets through (`MAX_PAYLOAD_DEPTH`) nests shallowly enough for every frame
+/// that carries it to be read: the client's command and signal, and the server's deepest (an
+/// inbox page). One level deeper is refused before it reaches a frame: the reader gave a
+/// depth-128 payload a pass, and its frame (129) closed the connection at the server.
+#[test]
+fn the_deepest_payload_fits_every_frame_that_carries_it() {
+    let deep = |n: usize| "[".repeat(n) + &"]".repeat(n);
+    let payload = decode_payload(&deep(MAX_PAYLOAD_DEPTH)).unwrap();
+    assert_eq!(payload.depth(), MAX_PAYLOAD_DEPTH);
+    let command = ClientMsg::Command {
+        id: IdempotencyKey::new("k").unwrap(),
+        action: Action::new("vote").unwrap(),
+        payload: payload.clone(),
+        epoch: None,
+        capability: Token::new("t"),
+    };
+    let signal = ClientMsg::Signal {
+        to: ParticipantId::new("p").unwrap(),
+        to_session: None,
+        data: payload.clone(),
+    };
+    for msg in [command, signal] {
+        assert_eq!(decode_client(&encode_client(&msg)).unwrap(), msg);
+    }
+    let page = InboxPage {
+        entries: vec![InboxEntry {
+            cursor: 1,
+            item: Item::Event(RoomEvent {
+                seq: Seq(1),
+                epoch: Epoch(1),
+                actor: ParticipantId::new("p").unwrap(),
+                action: Action::new("vote").unwrap(),
+                payload,
+                at: ServerTime(0),
+            }),
+        }],
+        next: None,
+    };
+    let text = encode_body(&page);
+    assert_eq!(decode_body::<InboxPage>(&text, usize::MAX).unwrap(), page);
+    for over in [MAX_PAYLOAD_DEPTH + 1, json::MAX_DEPTH as usize] {
+        assert!(
+            matches!(
+                decode_payload(&deep(over)),
+                Err(DecodeError::Malformed { .. })
+            ),
+            "{over}"
+        );
+    }
+    // Anything else the reader takes, it still takes.
+    assert!(decode_payload("{\"a\": [1, {\"b\": null}]}").is_ok());
 }
 
 #[test]

@@ -72,6 +72,10 @@ test("connect refuses what it cannot use, and a room refuses what JSON cannot ho
     const big = "x".repeat(60_415);
     await assert.rejects(room.command("vote", big), (e) => e instanceof hl.CommandError && e.code === "BadPayload");
     assert.equal(room.signal("peer", big), false);
+    // Nested deeper than 64: the frame carrying it would be too deep for the server to read.
+    const deep = (n) => Array.from({ length: n }).reduce((v) => [v], 0);
+    await assert.rejects(room.command("vote", deep(65)), (e) => e instanceof hl.CommandError && e.code === "BadPayload");
+    assert.equal(room.signal("peer", deep(65)), false);
     const cyclic = {};
     cyclic.self = cyclic;
     await assert.rejects(room.command("vote", cyclic), (e) => e.code === "BadPayload");

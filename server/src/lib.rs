@@ -110,6 +110,71 @@ impl Default for Config {
     }
 }
 
+impl Config {
+    /// The action table sessions are given: the configured one with the built-in host actions
+    /// (`host.resign`, `host.transfer`) added.
+    pub fn action_table(&self) -> ActionTable {
+        let mut t = self.actions.clone();
+        for b in [
+            hostlease::protocol::ACTION_RESIGN,
+            hostlease::protocol::ACTION_TRANSFER,
+        ] {
+            let a = Action::new(b).expect("valid");
+            if !t.host.contains(&a) {
+                t.host.push(a);
+            }
+        }
+        t
+    }
+
+    /// Refuses an action table no client could use: more actions than a snapshot may carry
+    /// (`MAX_ACTIONS`, both lists and the built-in ones together), or so many or so long that a
+    /// capability listing them, for the longest ids (key id too) the protocol allows, would pass
+    /// `MAX_TOKEN_LEN`. Clients refuse either frame, so no client could go live or send a
+    /// command in any room; this says so at start instead.
+    pub fn check_actions(&self) -> Result<(), String> {
+        use hostlease::protocol::{
+            codec::MAX_ACTIONS, Epoch, ParticipantId, Role, RoomId, SessionId, MAX_ID_LEN,
+            MAX_TOKEN_LEN,
+        };
+        let t = self.action_table();
+        let count = t.host.len() + t.participant.len();
+        if count > MAX_ACTIONS {
+            return Err(format!(
+                "{count} actions with the built-in host.resign and host.transfer: at most \
+                 {MAX_ACTIONS} fit in a snapshot"
+            ));
+        }
+        let long = |c: char| c.to_string().repeat(MAX_ID_LEN);
+        let keys = tokens::Keypair::generate(&long('k'));
+        for (role, actions, epoch) in [
+            (Role::Host, t.host, Some(Epoch(u64::MAX))),
+            (Role::Participant, t.participant, None),
+        ] {
+            let claims = tokens::CapClaims {
+                room: RoomId::new(long('r')).expect("valid id"),
+                sub: ParticipantId::new(long('p')).expect("valid id"),
+                sid: SessionId::new(long('s')).expect("valid id"),
+                role,
+                epoch,
+                actions,
+                exp: u64::MAX,
+                sat: u64::MAX,
+                kid: keys.kid.clone(),
+            };
+            let len = keys.sign_token(tokens::CAP_PREFIX, &claims).len();
+            if len > MAX_TOKEN_LEN {
+                return Err(format!(
+                    "the {} actions are too many or too long: a capability listing them would \
+                     be {len} bytes, past the {MAX_TOKEN_LEN} clients accept",
+                    role.as_str()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The default accept backlog. A reconnect storm opens thousands of connections at once; a
 /// connection that finds the accept queue full has its SYN dropped and retries only after a
 /// second. The kernel caps the value at `net.core.somaxconn`.
@@ -220,4 +285,38 @@ pub async fn serve(
         t.abort();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(host: usize, participant: usize, name_len: usize) -> Config {
+        let names = |prefix: char, n: usize| {
+            (0..n)
+                .map(|i| Action::new(format!("{prefix}{i:0>w$}", w = name_len - 1)).unwrap())
+                .collect()
+        };
+        Config {
+            actions: ActionTable {
+                host: names('h', host),
+                participant: names('p', participant),
+            },
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn an_action_table_no_client_could_take_is_refused() {
+        assert!(Config::default().check_actions().is_ok());
+        // Two built-in host actions join the configured ones in every snapshot.
+        assert!(with(54, 200, 4).check_actions().is_ok());
+        let err = with(55, 200, 4).check_actions().unwrap_err();
+        assert!(err.contains("257 actions"), "{err}");
+        // Within the count, but a capability listing them would pass MAX_TOKEN_LEN, either list.
+        let err = with(2, 100, 27).check_actions().unwrap_err();
+        assert!(err.starts_with("the participant actions"), "{err}");
+        let err = with(100, 1, 27).check_actions().unwrap_err();
+        assert!(err.starts_with("the host actions"), "{err}");
+    }
 }

@@ -296,9 +296,6 @@ fn serve(a: ServeArgs) -> Result<(), String> {
                         --app-public-key kid:x, or --dev"
                 .into());
         }
-        let mut store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
-        store.keep_for_webhook = a.webhook_url.is_some();
-        let keys = Keypair::load_or_create(&a.server_key, "srv")?;
         let cfg = Config {
             lease_ms: a.lease_ms.max(30),
             actions: hostlease::protocol::ActionTable {
@@ -323,6 +320,10 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             www: a.www,
             ..Config::default()
         };
+        cfg.check_actions()?;
+        let mut store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
+        store.keep_for_webhook = cfg.webhook_url.is_some();
+        let keys = Keypair::load_or_create(&a.server_key, "srv")?;
         let app = App::new(cfg, Arc::new(store), keys, join_keys, dev_key);
         let listener = hostlease_server::listen(&a.listen, a.listen_backlog)
             .await

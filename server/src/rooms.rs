@@ -502,17 +502,7 @@ impl App {
 
     /// The action table sent in snapshots: the configured one plus the built-in host actions.
     pub fn action_table(&self) -> hostlease::protocol::ActionTable {
-        let mut t = self.cfg.actions.clone();
-        for b in [
-            hostlease::protocol::ACTION_RESIGN,
-            hostlease::protocol::ACTION_TRANSFER,
-        ] {
-            let a = hostlease::protocol::Action::new(b).expect("valid");
-            if !t.host.contains(&a) {
-                t.host.push(a);
-            }
-        }
-        t
+        self.cfg.action_table()
     }
 
     /// Commits a grant by CAS and reports it. Returns the committed assignment if this call won.

@@ -322,6 +322,25 @@ fn cli_keygen_token_and_graceful_shutdown() {
         assert!(short.is_empty() || !err.contains(short), "{err}");
     }
 
+    // An action table no client could take (too many actions for a snapshot, or too long for
+    // a capability) stops the server before it creates anything. 253 participant actions, the
+    // two host ones and the two built-in: 257.
+    let many: Vec<String> = (0..253).map(|i| format!("a{i}")).collect();
+    let long: Vec<String> = (0..100).map(|i| format!("act-{i:0>23}")).collect();
+    for (list, want) in [
+        (many, "257 actions"),
+        (long, "participant actions are too many"),
+    ] {
+        let err = refused_at_start(
+            serve("actions")
+                .arg("--dev")
+                .arg("--participant-actions")
+                .arg(list.join(",")),
+        );
+        assert!(err.contains(want), "{err}");
+        assert!(!dir.path().join("actions.db").exists(), "{err}");
+    }
+
     // SIGTERM: the server exits cleanly.
     std::fs::copy(&key, dir.path().join("app-key.json")).unwrap();
     let db = format!("sqlite://{}", dir.path().join("s.db").display());

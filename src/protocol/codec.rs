@@ -8,7 +8,7 @@ use crate::prelude::*;
 use core::fmt;
 
 use super::ids::MAX_TOKEN_LEN;
-use super::json::{self, line_column, FromJson, Reader, SyntaxError, ToJson};
+use super::json::{self, line_column, FromJson, Json, Reader, SyntaxError, ToJson};
 use super::messages::{
     Assignment, ClientMsg, Gap, Item, Member, ServerMsg, Snapshot, PROTOCOL_VERSION,
 };
@@ -172,6 +172,14 @@ pub fn decode_client(text: &str) -> Result<ClientMsg, DecodeError> {
 pub fn decode_body<T: FromJson>(text: &str, max: usize) -> Result<T, DecodeError> {
     too_large(text, max)?;
     json::from_str(text).map_err(|e| malformed(text, e))
+}
+
+/// A command payload or signalling body as a client sends it: JSON text within
+/// [`MAX_CLIENT_PAYLOAD`] bytes and [`MAX_PAYLOAD_DEPTH`] levels of nesting, which the server
+/// accepts. A deeper one would make a frame too deep to read, which closes the connection.
+pub fn decode_payload(text: &str) -> Result<Json, DecodeError> {
+    too_large(text, MAX_CLIENT_PAYLOAD)?;
+    json::from_str_within(text, MAX_PAYLOAD_DEPTH as u32).map_err(|e| malformed(text, e))
 }
 
 /// Encodes an HTTP body or a value to store.

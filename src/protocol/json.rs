@@ -530,10 +530,7 @@ impl Json {
 
     /// Checks that `text` is one JSON value.
     pub fn parse(text: &str) -> core::result::Result<Self, SyntaxError> {
-        let mut r = Reader::new(text);
-        let v = Self::read_json(&mut r)?;
-        r.end()?;
-        Ok(v)
+        from_str(text)
     }
 
     /// `{"<key>": "<value>"}`.
@@ -640,7 +637,17 @@ pub fn to_string<T: ToJson + ?Sized>(value: &T) -> String {
 
 /// Decodes one value from the whole of `text`.
 pub fn from_str<T: FromJson>(text: &str) -> core::result::Result<T, SyntaxError> {
+    from_str_within(text, MAX_DEPTH)
+}
+
+/// Decodes one value from the whole of `text`, nesting at most `max_depth` deep (at most
+/// [`MAX_DEPTH`]): a value that must leave room for the frames that carry it.
+pub fn from_str_within<T: FromJson>(
+    text: &str,
+    max_depth: u32,
+) -> core::result::Result<T, SyntaxError> {
     let mut r = Reader::new(text);
+    r.depth = MAX_DEPTH.saturating_sub(max_depth);
     let v = T::read_json(&mut r)?;
     r.end()?;
     Ok(v)

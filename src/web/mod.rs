@@ -42,9 +42,9 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
 static ALLOCATOR: talc::wasm::WasmDynamicTalc = talc::wasm::new_wasm_dynamic_allocator();
 
 /// A command payload or signalling body (JSON text), if it is JSON and leaves room in its frame
-/// for the rest (`MAX_CLIENT_PAYLOAD`).
+/// for the rest (`MAX_CLIENT_PAYLOAD`, `MAX_PAYLOAD_DEPTH`).
 fn body(text: &str) -> Option<Json> {
-    codec::decode_body(text, codec::MAX_CLIENT_PAYLOAD).ok()
+    codec::decode_payload(text).ok()
 }
 
 /// The major wire-protocol version this build speaks.
@@ -1287,6 +1287,18 @@ mod tests {
             code(d.command("host.resign".into(), "null")),
             "NotAuthoritative"
         );
+        // Nested past MAX_PAYLOAD_DEPTH: the frame carrying it would be too deep for the
+        // server to read (it closes the connection), so it is refused here.
+        let deep = |n: usize| "[".repeat(n) + &"]".repeat(n);
+        assert_eq!(
+            code(d.command("host.resign".into(), &deep(65))),
+            "BadPayload"
+        );
+        assert_eq!(
+            code(d.command("host.resign".into(), &deep(64))),
+            "NotAuthoritative"
+        );
+        assert!(!d.signal("peer", &deep(65)));
         assert!(!d.peer_assignment("{}"));
         d.close();
         assert_eq!(code(d.command("host.resign".into(), "null")), "Closed");
