@@ -147,9 +147,14 @@ fn no_history_requested_when_replay_is_off() {
 #[test]
 fn input_before_the_snapshot_is_buffered_and_applied_once_in_order() {
     let mut v = connected("b");
-    // The stream races ahead of the welcome: 6, 4, 5, 7, 5 (dup), 3 (covered by the snapshot).
+    // The stream races ahead of the welcome: 6, 4 (the assignment the snapshot names), 5, 7,
+    // 5 (dup), 3 (replayed too).
     for seq in [6, 4, 5, 7, 5, 3] {
-        server(&mut v, 1, ServerMsg::Event(event(seq, 2, "a")));
+        if seq == 4 {
+            server(&mut v, 1, assign(2, 4, Some("a")));
+        } else {
+            server(&mut v, 1, ServerMsg::Event(event(seq, 2, "a")));
+        }
     }
     assert_eq!(v.buffered(), 5);
     let snap = snapshot(assignment(2, 4, Some("a")), vec![member("a", 1)], None);
@@ -326,6 +331,55 @@ fn a_gap_the_server_cannot_fill_becomes_a_discontinuity() {
         to: Seq(8)
     })));
     assert_eq!(room_events(&ev), vec![9, 10]);
+}
+
+/// A live view that lost one item holds what came after it while it resumes. The server replays
+/// only the newest items (its byte budget) and announces the rest as a discontinuity, which
+/// covers items the view holds: those are applied in order, and only the one lost is announced.
+/// (They were dropped as duplicates once the cursor jumped over the server's gap, and announced
+/// as lost.)
+#[test]
+fn a_discontinuity_never_drops_items_the_view_holds() {
+    let mut v = live("b", "a", 2);
+    server(&mut v, 20, ServerMsg::Event(event(3, 2, "a")));
+    // 4 is lost; 5..=8 arrive and wait behind it.
+    let (t, _) = server(&mut v, 21, ServerMsg::Event(event(5, 2, "a")));
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(3) }]);
+    for seq in 6..=8 {
+        server(&mut v, 22, ServerMsg::Event(event(seq, 2, "a")));
+    }
+    let snap = Snapshot {
+        seq: Seq(10),
+        ..snapshot(assignment(2, 2, Some("a")), vec![], None)
+    };
+    let msg = ServerMsg::Welcome {
+        you: pid("b"),
+        session: sid("b-s"),
+        snapshot: snap,
+        missed: vec![
+            Item::Event(event(9, 2, "a")),
+            Item::Event(event(10, 2, "a")),
+        ],
+        discontinuity: Some(Gap {
+            from: Seq(4),
+            to: Seq(8),
+        }),
+    };
+    let (_, ev) = server(&mut v, 23, msg);
+    let gaps: Vec<_> = ev
+        .iter()
+        .filter(|e| matches!(e, Event::Discontinuity(_)))
+        .collect();
+    assert_eq!(
+        gaps,
+        [&Event::Discontinuity(Gap {
+            from: Seq(4),
+            to: Seq(4)
+        })]
+    );
+    assert_eq!(room_events(&ev), vec![5, 6, 7, 8, 9, 10]);
+    assert_eq!(v.cursor(), Seq(10));
+    assert_eq!(v.phase(), Phase::Live);
 }
 
 #[test]

@@ -844,49 +844,51 @@ impl HostView {
         self.resync_retry_at = None;
         self.stalls = 0;
 
-        // Items after our cursor up to the snapshot point, in order, each once.
-        if let Some(gap) = discontinuity {
-            if gap.to > self.cursor {
-                self.events.push_back(Event::Discontinuity(Gap {
-                    from: self.cursor.next().max(gap.from),
-                    to: gap.to,
-                }));
-                self.cursor = gap.to;
-            }
-        }
+        // Items after our cursor up to the snapshot point, in order, each once: those replayed
+        // and those the stream brought while a resume was asked for (held in the buffer), merged
+        // in the buffer (a replayed copy replaces a held one). A hole neither fills is announced
+        // where the next item begins, and one at the end if this welcome answers a resume or the
+        // server said it could not replay that far: a discontinuity the server announces never
+        // drops an item the view holds (it replays the newest items within its byte budget, and
+        // a lagging view may hold older ones).
         let asked = self.resume_asked.take();
-        // Into seq order, stably (a repeated seq keeps its arrival order). Replays come sorted,
-        // so each insert lands at the end; a reversed replay of `MAX_REPLAY` items costs one
-        // memmove per item, and spares the wasm a second sort implementation.
-        let mut sorted: Vec<Item> = Vec::with_capacity(missed.len());
-        for item in missed {
-            let at = sorted.partition_point(|x| x.seq() <= item.seq());
-            sorted.insert(at, item);
+        while asked.is_none()
+            && self
+                .buffer
+                .pop_front_if(|i| i.seq() <= snapshot.seq)
+                .is_some()
+        {
+            // No history was asked for: the snapshot stands for what the stream brought before it.
+            self.stats.duplicates_dropped += 1;
         }
-        for item in sorted {
-            if item.seq() > snapshot.seq {
-                // Past the snapshot point: treat like a stream item.
-                self.buffer_item(item);
-                continue;
-            }
-            if item.seq() <= self.cursor {
+        for item in missed {
+            self.hold(item);
+        }
+        while let Some(item) = self.buffer.pop_front_if(|i| i.seq() <= snapshot.seq) {
+            let seq = item.seq();
+            if seq <= self.cursor {
                 self.stats.duplicates_dropped += 1;
                 continue;
             }
-            if item.seq() > self.cursor.next() {
+            if seq > self.cursor.next() {
                 self.events.push_back(Event::Discontinuity(Gap {
                     from: self.cursor.next(),
-                    to: Seq(item.seq().0 - 1),
+                    to: Seq(seq.0 - 1),
                 }));
             }
             self.apply(now, item);
         }
-        if asked.is_some() && snapshot.seq > self.cursor {
-            // We asked to resume but the server neither replayed nor announced these.
+        let mut reach = discontinuity.map_or(self.cursor, |g| g.to);
+        if asked.is_some() {
+            reach = reach.max(snapshot.seq);
+        }
+        if reach > self.cursor {
+            // Asked for or announced, and neither replayed nor held.
             self.events.push_back(Event::Discontinuity(Gap {
                 from: self.cursor.next(),
-                to: snapshot.seq,
+                to: reach,
             }));
+            self.cursor = reach;
         }
         self.cursor = self.cursor.max(snapshot.seq);
         if let Some(c) = current {
@@ -986,8 +988,15 @@ impl HostView {
             self.request_resync(now, true);
             return;
         }
-        match at {
-            Ok(i) => self.buffer[i] = item, // the newer copy, as a map insert would keep
+        self.hold(item);
+    }
+
+    /// Into the buffer in seq order; a second copy of a seq replaces the first, as a map insert
+    /// would. Unbounded here: `buffer_item` bounds what the stream adds, and a welcome adds at
+    /// most its replay (`MAX_REPLAY`).
+    fn hold(&mut self, item: Item) {
+        match self.buffer.binary_search_by_key(&item.seq(), Item::seq) {
+            Ok(i) => self.buffer[i] = item,
             Err(i) => self.buffer.insert(i, item),
         }
     }
