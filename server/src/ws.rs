@@ -260,8 +260,6 @@ async fn drain(stream: &mut Stream) {
 }
 
 async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stream) {
-    // Before the session exists: a kick recorded from now on revokes its capabilities.
-    let started_ms = crate::tokens::now_ms();
     // The first frame must be a hello, within a bounded time.
     let first = tokio::time::timeout(Duration::from_secs(10), stream.next()).await;
     let text = match first {
@@ -353,6 +351,12 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             // budget by the room's size).
             Err(ErrorCode::TooManyConnections)
         } else {
+            // When the session began, read where it joins: a kick recorded from then on
+            // revokes its capabilities, and one recorded before finds it not yet a member and
+            // leaves it be (read before the hello, a session that joined while a kick was
+            // recorded was neither closed nor able to use a capability, until the kick's
+            // record was deleted an hour later).
+            let started_ms = crate::tokens::now_ms();
             let member = Member {
                 id: claims.sub.clone(),
                 session: session.clone(),
@@ -366,10 +370,10 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             let snapshot = app.snapshot_locked(&room, &st, None);
             let rx = room.tx.subscribe();
             room.announce(&mut st, member.clone(), true, presence_interval);
-            Ok((member, snapshot, rx))
+            Ok((member, snapshot, rx, started_ms))
         }
     };
-    let (member, snapshot, rx) = match joined {
+    let (member, snapshot, rx, started_ms) = match joined {
         Ok(j) => j,
         Err(code) => {
             close_with(&mut sink, code, code.as_str()).await;

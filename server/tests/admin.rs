@@ -986,6 +986,9 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
             .send()
     };
     assert_eq!(vote(old.clone(), "before").await.unwrap().status(), 200);
+    // A socket opened before the kick, its hello sent after (an SDK reconnecting meanwhile).
+    let opened = connect(srv.addr, "kr").await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
     assert_eq!(kick(srv.addr, "kr", "mallory").await, 1);
     assert_eq!(m.until_closed().await, Some(ErrorCode::Kicked));
     let r = vote(old.clone(), "after").await.unwrap();
@@ -1006,6 +1009,13 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
     let mut back = srv.raw("kr", "mallory", false).await;
     let new = back.participant_token().await;
     assert_eq!(vote(new, "new").await.unwrap().status(), 200);
+    // The session whose socket was open before the kick began when it joined, after the kick,
+    // which did not close it: its capabilities work (they were refused, and the session kept,
+    // for the hour the kick is kept).
+    let token = join_token(&srv.app_key, "kr", "mallory", false);
+    let mut joined = Raw::hello(opened, &token, None).await;
+    let cap = joined.participant_token().await;
+    assert_eq!(vote(cap, "joined").await.unwrap().status(), 200);
 }
 
 /// An admin reassign of `room` to `to`, answered 200.

@@ -133,8 +133,13 @@ pub struct Raw {
 
 impl Raw {
     pub async fn join(addr: SocketAddr, room: &str, token: &Token, resume: Option<u64>) -> Raw {
+        Raw::hello(connect(addr, room).await, token, resume).await
+    }
+
+    /// Sends the hello on `ws`, a socket opened before.
+    pub async fn hello(ws: Ws, token: &Token, resume: Option<u64>) -> Raw {
         let mut r = Raw {
-            ws: connect(addr, room).await,
+            ws,
             seen: Vec::new(),
             tokens: vec![token.expose().to_string()],
         };
