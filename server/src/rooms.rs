@@ -79,16 +79,31 @@ pub struct RoomState {
     /// The last seq published to this process's subscribers.
     pub seq: Seq,
     pub members: Vec<Member>,
-    /// Sessions whose lease lapsed and that have not answered the server since (an echo or a
-    /// resume): passed over by elections while another eligible member is connected. Two tabs
-    /// frozen in the background (or two sessions that never answer a probe) otherwise handed
-    /// the role to each other for ever, and a member that answers never got it.
-    pub lapsed: HashSet<SessionId>,
+    /// Sessions whose lease lapsed and that have not answered the server since (an echo, a
+    /// resume, a command), with how many times in a row: passed over by elections while another
+    /// member may be elected. Two tabs frozen in the background (or two sessions that never
+    /// answer a probe) otherwise handed the role to each other for ever, and a member that
+    /// answers never got it. Alone, a session is granted again after one lapse (a stall it
+    /// recovers from), not after `GIVEN_UP` (see [`RoomState::electable`]).
+    pub lapsed: HashMap<SessionId, u32>,
     pub conns: HashMap<SessionId, Outlet>,
     pub next_join: u64,
     pub closed: bool,
     /// Presence changes not yet sent (see [`Room::announce`]).
     presence: PresenceQueue,
+}
+
+/// Lapses in a row, without an answer in between, after which a session is no longer elected,
+/// even alone, until it answers: a lone page frozen in the background (its browser still answers
+/// pings, so its connection stays) was granted anew every lease period for as long as it stayed,
+/// each grant an assignment in the log, the outbox, every offline member's inbox and the webhook.
+pub const GIVEN_UP: u32 = 2;
+
+impl RoomState {
+    /// Whether elections may pick `m`: it may host and has not lapsed `GIVEN_UP` times in a row.
+    pub fn electable(&self, m: &Member) -> bool {
+        m.may_host && self.lapsed.get(&m.session).is_none_or(|&n| n < GIVEN_UP)
+    }
 }
 
 /// Presence changes waiting for the room's next presence frame.
@@ -126,7 +141,7 @@ impl Room {
                 current: genesis,
                 seq: Seq::ZERO,
                 members: Vec::new(),
-                lapsed: HashSet::new(),
+                lapsed: HashMap::new(),
                 conns: HashMap::new(),
                 next_join: 1,
                 closed: false,
@@ -230,13 +245,21 @@ impl Room {
     }
 
     /// Who the room's election picks among its members but `except`: a session whose lease
-    /// lapsed (see [`RoomState::lapsed`]) only when no other member is eligible.
+    /// lapsed (see [`RoomState::lapsed`]) only when no other member is eligible, and not once
+    /// it lapsed `GIVEN_UP` times in a row.
     pub fn next_holder(&self, except: Option<&SessionId>) -> Option<(ParticipantId, SessionId)> {
         let st = self.state.lock().expect("room lock");
-        let eligible = st.members.iter().filter(|m| Some(&m.session) != except);
-        elect(eligible.clone().filter(|m| !st.lapsed.contains(&m.session)))
-            .or_else(|| elect(eligible))
-            .map(|m| (m.id.clone(), m.session.clone()))
+        let eligible = st
+            .members
+            .iter()
+            .filter(|m| Some(&m.session) != except && st.electable(m));
+        elect(
+            eligible
+                .clone()
+                .filter(|m| !st.lapsed.contains_key(&m.session)),
+        )
+        .or_else(|| elect(eligible))
+        .map(|m| (m.id.clone(), m.session.clone()))
     }
 
     /// Applies a committed item in seq order and broadcasts it; older ones are dropped.
@@ -557,11 +580,12 @@ impl App {
             if let (Some(_), Some(s)) = (&row.host, &row.session) {
                 let mut st = room.state.lock().expect("room lock");
                 if st.members.iter().any(|m| &m.session == s) {
-                    st.lapsed.insert(s.clone());
+                    *st.lapsed.entry(s.clone()).or_default() += 1;
                 }
             }
             // A session that let its lease lapse is passed over while another eligible member
-            // is connected; alone, it is granted again (a new grant, so a new epoch).
+            // is connected; alone, it is granted again (a new grant, so a new epoch), unless it
+            // has lapsed `GIVEN_UP` times in a row: then to nobody, until it answers.
             let next = room
                 .next_holder(row.session.as_ref())
                 .or_else(|| room.next_holder(None));
@@ -762,8 +786,26 @@ pub async fn spawn_background(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>>
             }
         }));
     }
+    v.push(tokio::spawn(housekeeper(app.clone())));
     v.push(tokio::spawn(sweeper(app, kicks)));
     v
+}
+
+/// Sweeps between two rounds of housekeeping.
+const HOUSEKEEPING_SWEEPS: u32 = 600;
+
+/// Deletes what the store keeps for a while only (idempotency records, kicks, old inbox items,
+/// the log past `log_keep`), every `HOUSEKEEPING_SWEEPS` sweeps. A task of its own: in the
+/// sweeper, its batches of deletes (each a write through the one writer) held up failovers,
+/// elections and kicks from other processes for as long as they all took.
+async fn housekeeper(app: Arc<App>) {
+    let every = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 5000)) * HOUSEKEEPING_SWEEPS;
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = app.store.housekeeping(app.cfg.log_keep).await {
+            tracing::warn!(error = %e, "housekeeping failed");
+        }
+    }
 }
 
 /// A background task's starting point: the newest id of a table, read until the store answers.
@@ -867,10 +909,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// Reassigns lapsed leases (decided on the store clock), elects in hostless rooms, and closes
 /// here the rooms another process closed.
 async fn sweeper(app: Arc<App>, mut last_kick: i64) {
-    let mut ticks: u64 = 0;
     loop {
         tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 5000))).await;
-        ticks += 1;
         let hubs: Vec<Arc<Room>> = app
             .rooms
             .lock()
@@ -935,17 +975,12 @@ async fn sweeper(app: Arc<App>, mut last_kick: i64) {
                 let st = hub.state.lock().expect("room lock");
                 st.current.assignment.host.is_none()
                     && !st.closed
-                    && st.members.iter().any(|m| m.may_host)
+                    && st.members.iter().any(|m| st.electable(m))
             };
             if needs {
                 if let Err(e) = app.reconcile(&hub, &correlation_id()).await {
                     tracing::warn!(error = %e, "reconcile failed");
                 }
-            }
-        }
-        if ticks % 600 == 0 {
-            if let Err(e) = app.store.housekeeping(app.cfg.log_keep).await {
-                tracing::warn!(error = %e, "housekeeping failed");
             }
         }
         metrics::gauge!("hostlease_connections").set(app.ws_sockets.total() as f64);

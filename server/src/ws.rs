@@ -820,21 +820,20 @@ impl Conn {
     }
 
     async fn on_echo(&mut self, nonce: u64) -> Flow {
-        let Some(epoch) = self.host_epoch else {
-            return Flow::Continue;
-        };
         // One renewal per probe: the nonce, and every older one, is spent by its first echo (a
         // repeated echo would otherwise renew, and cost a store write, as often as a client
-        // cares to send it). A probe of an earlier grant renews nothing.
+        // cares to send it). A probe of an earlier grant renews nothing, but shows the page
+        // runs: a session its lease lapsed from that answers late is elected again.
         let Some(i) = self.probes.iter().position(|p| p.0 == nonce) else {
             return Flow::Continue;
         };
         let (_, probed, sent) = self.probes[i];
         self.probes.drain(..=i);
         self.answered();
-        if probed != epoch {
+        if self.host_epoch != Some(probed) {
             return Flow::Continue;
         }
+        let epoch = probed;
         metrics::histogram!("hostlease_probe_rtt_seconds").record(sent.elapsed().as_secs_f64());
         match self
             .app

@@ -471,3 +471,57 @@ async fn a_lapsed_session_that_sends_a_command_is_eligible_again() {
     // First in join order, and no longer passed over.
     assert_eq!(next.as_ref().map(|h| h.as_str()), Some("mallory"));
 }
+
+/// A lone session that never answers a probe (a page frozen in the background, whose browser
+/// still answers pings) is granted again once after its lease lapsed (a stall it may recover
+/// from), then the room goes to nobody and stays there until the page answers (a late echo of a
+/// probe here; a resume or a command counts too).
+/// It was granted anew every lease period for as long as it stayed connected, each grant an
+/// assignment in the log, the outbox, every offline member's inbox and the webhook.
+#[tokio::test]
+async fn a_lone_session_that_never_answers_is_not_granted_every_lease_period() {
+    use hostlease::protocol::ClientMsg;
+    let srv = start(test_config()).await;
+    let mut deaf = srv.raw("lone", "mallory", true).await;
+    let mut watcher = srv.raw("lone", "watcher", false).await;
+    let mut grants = Vec::new();
+    // Until the room goes to nobody (a frame within each 5 s wait, or the test fails).
+    loop {
+        let a = watcher
+            .until(|m| match m {
+                ServerMsg::Assignment(a) => Some(a.assignment.clone()),
+                _ => None,
+            })
+            .await;
+        if a.host.is_none() {
+            assert_eq!(a.reason, Reason::LeaseLapsed);
+            break;
+        }
+        grants.push(a.epoch);
+        assert!(grants.len() <= 2, "granted again and again: {grants:?}");
+    }
+    // Three lease periods more (1.5 s each): no grant.
+    while let Some(m) = watcher.next(Duration::from_millis(4_500)).await {
+        assert!(
+            !matches!(m, ServerMsg::Assignment(_)),
+            "granted again without an answer: {m:?}"
+        );
+    }
+    // The page runs again: it answers the last probe it was sent, long after (which renews
+    // nothing, but shows it runs), and is elected.
+    let mut nonce = None;
+    while let Some(m) = deaf.next(Duration::from_millis(200)).await {
+        if let ServerMsg::LeaseProbe { nonce: n, .. } = m {
+            nonce = Some(n);
+        }
+    }
+    let nonce = nonce.expect("the session was probed");
+    deaf.send(&ClientMsg::LeaseEcho { nonce }).await;
+    let a = watcher
+        .until(|m| match m {
+            ServerMsg::Assignment(a) => Some(a.assignment.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(a.host.as_ref().map(|h| h.as_str()), Some("mallory"));
+}
