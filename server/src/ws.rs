@@ -1210,6 +1210,7 @@ pub fn command(
                 }
                 if let Some(a) = &done.assignment {
                     crate::rooms::log_reassign(old_host.as_ref(), &a.assignment, &correlation_id());
+                    handed_to_the_departed(&app, &room, &a.assignment).await;
                 }
                 if matches!(done.outcome, Outcome::Accepted { .. }) {
                     // Something new in the outbox; or, for a replay, something the first
@@ -1245,6 +1246,28 @@ pub fn command(
             current: current(&current_room),
             retry_after_ms: Some(500),
         })
+    }
+}
+
+/// A resign or transfer chose its successor from the members as it was queued; one that left
+/// before it was committed (its leave found the old host still holding the role, and so
+/// changed nothing) is replaced at once, as after any leave, rather than holding an unanswered
+/// role until its lease lapsed.
+async fn handed_to_the_departed(app: &App, room: &Arc<Room>, a: &hostlease::protocol::Assignment) {
+    let Some(s) = &a.session else {
+        return;
+    };
+    let left = {
+        let st = room.state.lock().expect("room lock");
+        !st.members.iter().any(|m| &m.session == s)
+    };
+    if left {
+        if let Err(e) = app
+            .replace_host(room, s, Reason::Left, &correlation_id())
+            .await
+        {
+            tracing::warn!(error = %e, "replace a successor who left failed");
+        }
     }
 }
 

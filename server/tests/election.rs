@@ -525,3 +525,87 @@ async fn a_lone_session_that_never_answers_is_not_granted_every_lease_period() {
         .await;
     assert_eq!(a.host.as_ref().map(|h| h.as_str()), Some("mallory"));
 }
+
+/// A resignation chooses its successor as it is queued; a successor who leaves before the
+/// resignation is committed (its leave found the old host still holding the role, so changed
+/// nothing) is replaced at once (reason `left`), not after its lease lapsed unanswered.
+#[tokio::test]
+async fn a_successor_who_left_before_the_resignation_committed_is_replaced_at_once() {
+    use hostlease::protocol::ClientMsg;
+    let srv = start(test_config()).await;
+    let mut alice = srv.raw("gone", "alice", true).await;
+    alice.until_host().await;
+    let mut bob = srv.raw("gone", "bob", true).await;
+    bob.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    let mut carol = srv.raw("gone", "carol", true).await;
+    carol
+        .until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    // Another connection holds the database's write lock: the resignation waits to commit.
+    let url = format!("sqlite://{}", srv.dir.path().join("h.db").display());
+    let other = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let mut lock = other.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let (epoch, token) = alice
+        .seen
+        .iter()
+        .rev()
+        .find_map(|m| match m {
+            ServerMsg::Capability {
+                role: hostlease::protocol::Role::Host,
+                epoch,
+                token,
+                ..
+            } => Some((*epoch, token.clone())),
+            _ => None,
+        })
+        .expect("a host capability");
+    alice
+        .send(&ClientMsg::Command {
+            id: hostlease::protocol::IdempotencyKey::new("bye").unwrap(),
+            action: hostlease::protocol::Action::new("host.resign").unwrap(),
+            payload: hostlease::protocol::json::Json::null(),
+            epoch,
+            capability: token,
+        })
+        .await;
+    // Queued (bob chosen, first in join order after alice); then bob leaves.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    bob.send(&ClientMsg::Leave).await;
+    carol
+        .until(|m| match m {
+            ServerMsg::Presence {
+                member,
+                online: false,
+            } if member.id.as_str() == "bob" => Some(()),
+            ServerMsg::PresenceBatch { left, .. }
+                if left.iter().any(|m| m.id.as_str() == "bob") =>
+            {
+                Some(())
+            }
+            _ => None,
+        })
+        .await;
+    sqlx::query("COMMIT").execute(&mut *lock).await.unwrap();
+    let assignment = |m: &ServerMsg| match m {
+        ServerMsg::Assignment(a) => Some(a.assignment.clone()),
+        _ => None,
+    };
+    let to_bob = carol.until(assignment).await;
+    assert_eq!(
+        (to_bob.host.as_ref().map(|h| h.as_str()), to_bob.reason),
+        (Some("bob"), Reason::Resigned)
+    );
+    let after = carol.until(assignment).await;
+    // The next in join order: alice (a resignation does not bar her from the next election).
+    assert_eq!(
+        (after.host.as_ref().map(|h| h.as_str()), after.reason),
+        (Some("alice"), Reason::Left),
+        "{after:?}"
+    );
+    assert_eq!(after.epoch, Epoch(to_bob.epoch.0 + 1));
+}

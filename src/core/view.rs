@@ -852,19 +852,14 @@ impl HostView {
         // drops an item the view holds (it replays the newest items within its byte budget, and
         // a lagging view may hold older ones).
         let asked = self.resume_asked.take();
-        while asked.is_none()
-            && self
-                .buffer
-                .pop_front_if(|i| i.seq() <= snapshot.seq)
-                .is_some()
-        {
+        while asked.is_none() && self.pop_through(snapshot.seq).is_some() {
             // No history was asked for: the snapshot stands for what the stream brought before it.
             self.stats.duplicates_dropped += 1;
         }
         for item in missed {
             self.hold(item);
         }
-        while let Some(item) = self.buffer.pop_front_if(|i| i.seq() <= snapshot.seq) {
+        while let Some(item) = self.pop_through(snapshot.seq) {
             let seq = item.seq();
             if seq <= self.cursor {
                 self.stats.duplicates_dropped += 1;
@@ -989,6 +984,15 @@ impl HostView {
             return;
         }
         self.hold(item);
+    }
+
+    /// The buffer's first item, if its seq is at most `upto`.
+    fn pop_through(&mut self, upto: Seq) -> Option<Item> {
+        if self.buffer.front()?.seq() <= upto {
+            self.buffer.pop_front()
+        } else {
+            None
+        }
     }
 
     /// Into the buffer in seq order; a second copy of a seq replaces the first, as a map insert
