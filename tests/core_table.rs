@@ -1341,6 +1341,36 @@ fn an_unanswered_hello_or_resume_stalls_the_connection() {
     );
 }
 
+/// A resume waits the timeout and at most the first retry's jitter for its welcome however many
+/// resumes the view made before (each answered): the jitter grew with the view's lifetime count
+/// of resyncs, so a long-lived view took up to 20 s to notice a connection dead after a gap.
+#[test]
+fn a_resume_waits_no_longer_for_the_resumes_made_before() {
+    let mut v = live("b", "a", 2);
+    let mut seq = 2;
+    for i in 0..20 {
+        let t = 100 + i * 100;
+        // A gap (seq + 1 lost): a resume, answered by a welcome that fills it.
+        let (tx, _) = server(&mut v, t, ServerMsg::Event(event(seq + 2, 2, "a")));
+        assert_eq!(tx, vec![ClientMsg::Resume { cursor: Seq(seq) }]);
+        let snap = Snapshot {
+            seq: Seq(seq + 2),
+            ..snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None)
+        };
+        let missed = vec![Item::Event(event(seq + 1, 2, "a"))];
+        server(&mut v, t + 10, welcome("b", snap, missed));
+        assert_eq!(v.phase(), Phase::Live);
+        seq += 2;
+    }
+    assert_eq!(v.stats().resyncs_requested, 20);
+    let (tx, _) = server(&mut v, 5_000, ServerMsg::Event(event(seq + 2, 2, "a")));
+    assert_eq!(tx, vec![ClientMsg::Resume { cursor: Seq(seq) }]);
+    let deadline = v.poll_timeout().expect("the resume's deadline");
+    assert!(deadline <= at(5_000 + 5_000 + 250), "{deadline:?}");
+    v.handle_timeout(deadline);
+    assert_eq!(drain(&mut v).1, vec![Event::Stalled]);
+}
+
 /// After a stall, each next hello waits twice as long for its welcome (5 s doubling up to
 /// 160 s): a server slow to answer a reconnect storm is not dialled again and again, and a
 /// welcome too large to arrive within 20 s on a slow link gets through. A welcome resets it.

@@ -1058,11 +1058,13 @@ impl HostView {
         }
         self.unanswered = self.unanswered.saturating_add(1);
         self.awaiting_welcome = true;
-        let retry = self.config.retry.retry_delay_ms(
-            self.stats.resyncs_requested.min(16) as u32,
-            None,
-            &mut self.rng,
-        );
+        // Backed off by the stalls since the last welcome or wake (a lifetime count of resyncs
+        // held every resume of a long-lived view to the cap: up to 20 s to notice a dead
+        // connection instead of 5).
+        let retry = self
+            .config
+            .retry
+            .retry_delay_ms(self.stalls.into(), None, &mut self.rng);
         self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms + retry));
         self.resume_asked = Some(self.cursor);
         self.transmits.push_back(ClientMsg::Resume {

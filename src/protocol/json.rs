@@ -577,13 +577,25 @@ impl Json {
         deepest
     }
 
-    /// The string value of `key` when this is an object that has one (a built-in action's
-    /// argument, such as `host.transfer`'s `to`).
+    /// The string value of `key` when this is an object that has it once (a built-in action's
+    /// argument, such as `host.transfer`'s `to`). A key given twice answers `None`: readers
+    /// differ on which one counts (`JSON.parse` and serde_json take the last), and the payload
+    /// is stored and passed on as it came.
     pub fn get_str(&self, key: &str) -> Option<String> {
-        let mut r = Reader::new(&self.0);
-        super::wire::peek_field(&mut r, key, |r| r.str().map(Cow::into_owned))
-            .ok()
-            .flatten()
+        let mut found = None;
+        Reader::new(&self.0)
+            .object(|r, k| {
+                if k != key {
+                    return r.skip().map(drop);
+                }
+                if found.is_some() {
+                    return r.error();
+                }
+                found = Some(r.str()?.into_owned());
+                Ok(())
+            })
+            .ok()?;
+        found
     }
 }
 
@@ -817,6 +829,10 @@ mod tests {
         );
         assert_eq!(Json::parse("[\"to\"]").unwrap().get_str("to"), None);
         assert_eq!(Json::parse("{\"to\":1}").unwrap().get_str("to"), None);
+        let twice = Json::parse("{\"to\":\"alice\",\"x\":[1],\"to\":\"bob\"}").unwrap();
+        assert_eq!(twice.get_str("to"), None);
+        let once = Json::parse("{\"x\":{\"to\":\"c\"},\"to\":\"alice\"}").unwrap();
+        assert_eq!(once.get_str("to").as_deref(), Some("alice"));
     }
 
     #[test]
