@@ -148,10 +148,18 @@ fn frame(msg: &ServerMsg) -> Message {
     Message::Text(encode_server(msg).into())
 }
 
+/// An `error` frame; its message cut to `MAX_MESSAGE_LEN` bytes (at a character boundary), the
+/// most a client accepts (it was cut to 200 characters, up to 800 bytes).
 fn error_msg(code: ErrorCode, message: &str) -> ServerMsg {
+    let mut end = message
+        .len()
+        .min(hostlease::protocol::codec::MAX_MESSAGE_LEN);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
     ServerMsg::Error {
         code,
-        message: message.chars().take(200).collect(),
+        message: message[..end].into(),
     }
 }
 
@@ -1372,6 +1380,19 @@ mod tests {
     use hostlease::protocol::{
         ActionTable, Assignment, KeyId, ServerTime, SignedAssignment, Snapshot,
     };
+
+    /// An error frame's message is cut to what a client accepts, at a character boundary.
+    #[test]
+    fn an_error_message_is_cut_to_what_a_client_accepts() {
+        for long in ["é".repeat(200), "x".repeat(300), "€".repeat(100)] {
+            let text = encode_server(&error_msg(ErrorCode::BadFrame, &long));
+            let Ok(ServerMsg::Error { message, .. }) = decode_server(&text) else {
+                panic!("{text}");
+            };
+            assert!(long.starts_with(message.as_str()));
+            assert!(message.len() > hostlease::protocol::codec::MAX_MESSAGE_LEN - 4);
+        }
+    }
 
     /// The largest welcome the server can send: a full room of members with the longest ids
     /// and the names that escape longest (control characters, six bytes each in JSON), the

@@ -6,6 +6,11 @@ use core::fmt;
 ///
 /// The core never reads a clock: every input carries the `Instant` at which it happened. This
 /// type cannot be compared with [`crate::protocol::ServerTime`], which is the server's wall clock.
+///
+/// It must count the time the machine spent suspended: lease deadlines are anchored on it, and
+/// a clock that stood still through a sleep would keep a lease `Held` past its real end (the
+/// browser driver adds the wall clock's lead over `performance.now()`, which stops in a sleep
+/// on some platforms, and calls `handle_wake`).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Instant(pub u64);
 
