@@ -191,7 +191,10 @@ export declare class Room {
    * Every change comes with an event but four: a command sent while live (in `pending` as soon
    * as `command()` returns), a queued command sent after the resync (`queued` turns false before
    * its `command` event), and the lease's deadline passing or a sleep just noticed (`amHost` and
-   * `lease` read them at once, before the next step's `lease` event). */
+   * `lease` read them at once, before the next step's `lease` event). Events are delivered after
+   * the step that produced them, so a listener sees `view` as it is after the whole step: a
+   * resume that replays two host changes emits both `host` events, and `view` already shows the
+   * second in the first's listener. A listener acts on its event's payload. */
   readonly view: HostView;
   /** Subscribes `listener`; returns the unsubscribe function. Each call is a subscription of
    * its own; the returned function ends it. An event goes to the listeners subscribed when its
@@ -214,7 +217,8 @@ export declare class Room {
   /** The body of a message `peerId` stamped (stamp a non-null body: a `null` one cannot be told
    * from a refusal), or `null`: from an older epoch than this tab has
    * seen, or from that epoch but not from its host. A newer epoch is taken (stamps are not
-   * signed: only the view's verified epoch is the floor). */
+   * signed: only the view's verified epoch is the floor). It keeps an honest deposed host's
+   * late messages out; it is no defence against a peer that lies about its epoch. */
   acceptStamped<T>(peerId: string, message: Stamped<T>): T | null;
   /** `peerId`: the peer's participant id (`members[].id`); one channel per peer id, so a channel
    * attached for a peer id replaces (detaches) the one attached before, even a channel already

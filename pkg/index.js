@@ -474,7 +474,7 @@ export class Room {
       clearTimeout(timer);
     }
     const t = typeof got === "string" ? { token: got } : got;
-    if (!t || typeof t.token !== "string" || (t.expiresAt !== undefined && !(typeof t.expiresAt === "number" && t.expiresAt > 1e12))) {
+    if (!(typeof t?.token == "string" && t.token) || (t.expiresAt !== undefined && !(typeof t.expiresAt === "number" && t.expiresAt > 1e12))) {
       fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() returned no token (or expiresAt not in ms)"));
       return null;
     }

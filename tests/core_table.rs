@@ -382,6 +382,28 @@ fn a_discontinuity_never_drops_items_the_view_holds() {
     assert_eq!(v.phase(), Phase::Live);
 }
 
+/// A held item the replay left out (at or below the snapshot point, with no discontinuity
+/// announced) fills its place: applied in order, not announced as lost.
+#[test]
+fn a_held_item_fills_a_hole_in_the_replay() {
+    let mut v = live("b", "a", 2);
+    server(&mut v, 20, ServerMsg::Event(event(3, 2, "a")));
+    let (t, _) = server(&mut v, 21, ServerMsg::Event(event(5, 2, "a")));
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(3) }]);
+    let snap = Snapshot {
+        seq: Seq(6),
+        ..snapshot(assignment(2, 2, Some("a")), vec![], None)
+    };
+    let missed = vec![Item::Event(event(4, 2, "a")), Item::Event(event(6, 2, "a"))];
+    let (_, ev) = server(&mut v, 22, welcome("b", snap, missed));
+    assert!(
+        !ev.iter().any(|e| matches!(e, Event::Discontinuity(_))),
+        "{ev:?}"
+    );
+    assert_eq!(room_events(&ev), vec![4, 5, 6]);
+    assert_eq!(v.cursor(), Seq(6));
+}
+
 #[test]
 fn an_unannounced_hole_in_the_replay_is_reported_not_hidden() {
     let mut v = live("b", "a", 2);
@@ -1369,6 +1391,46 @@ fn a_resume_waits_no_longer_for_the_resumes_made_before() {
     assert!(deadline <= at(5_000 + 5_000 + 250), "{deadline:?}");
     v.handle_timeout(deadline);
     assert_eq!(drain(&mut v).1, vec![Event::Stalled]);
+}
+
+/// A view that gave up on welcomes (a link too slow for a large one) gives later resumes longer,
+/// up to the retry cap, even across the welcomes that came in between (each stall here is
+/// followed by a redial and its welcome).
+#[test]
+fn a_resume_waits_longer_after_welcomes_were_given_up_on() {
+    let mut v = live("b", "a", 2);
+    let mut seq = 2;
+    let mut t = 100;
+    let mut waits = Vec::new();
+    for _ in 0..26 {
+        // A gap: a resume, which goes unanswered until the view gives up on it.
+        let (tx, _) = server(&mut v, t, ServerMsg::Event(event(seq + 2, 2, "a")));
+        assert_eq!(tx, vec![ClientMsg::Resume { cursor: Seq(seq) }]);
+        let stalled = loop {
+            let d = v.poll_timeout().expect("a deadline");
+            v.handle_timeout(d);
+            if drain(&mut v).1.contains(&Event::Stalled) {
+                break d;
+            }
+        };
+        waits.push(stalled.ms_since(at(t)));
+        t = stalled.as_millis() + 10;
+        v.handle_disconnected(at(t));
+        v.handle_connected(at(t), Token::new("jt"));
+        drain(&mut v);
+        let snap = Snapshot {
+            seq: Seq(seq + 2),
+            ..snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None)
+        };
+        let missed = vec![Item::Event(event(seq + 1, 2, "a"))];
+        server(&mut v, t + 10, welcome("b", snap, missed));
+        assert_eq!(v.phase(), Phase::Live);
+        seq += 2;
+        t += 20;
+    }
+    assert!(waits[0] <= 5_000 + 250, "{waits:?}");
+    assert!(waits.iter().all(|&w| w <= 5_000 + 15_000), "{waits:?}");
+    assert!(waits[6..].iter().any(|&w| w > 5_000 + 250), "{waits:?}");
 }
 
 /// After a stall, each next hello waits twice as long for its welcome (5 s doubling up to

@@ -485,6 +485,12 @@ test("connect() fails for a socket that cannot be opened, a getToken that never 
   assert.equal(asked, 1);
   await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => ({ token: "t", expiresAt: Date.now() / 1000 + 3600 }) }),
     (e) => e instanceof hl.ConnectionError && e.code === "TokenUnavailable");
+  // An empty token (a logged-out user, an unset variable) is no token: connect() rejects (it
+  // resolved, and the room stayed offline for ever without an error event).
+  for (const options of [{ token: "" }, { getToken: () => "" }, { getToken: async () => ({ token: "" }) }]) {
+    await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", ...options }),
+      (e) => e instanceof hl.ConnectionError && e.code === "TokenUnavailable");
+  }
   // An expiresAt that is not a number (arithmetic on it would throw a TypeError).
   for (const expiresAt of [BigInt(Date.now() + 3_600_000), { valueOf() { throw new Error("no"); } }, Symbol("t")]) {
     await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => ({ token: "t", expiresAt }) }),

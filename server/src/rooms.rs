@@ -84,8 +84,9 @@ pub struct RoomState {
     /// member may be elected. Two tabs frozen in the background (or two sessions that never
     /// answer a probe) otherwise handed the role to each other for ever, and a member that
     /// answers never got it. Alone, a session is granted again after one lapse (a stall it
-    /// recovers from), not after `GIVEN_UP` (see [`RoomState::electable`]).
-    pub lapsed: HashMap<SessionId, u32>,
+    /// recovers from), not after `GIVEN_UP` (see [`RoomState::electable`]). Each with the
+    /// epoch it last lapsed in: a lapse is counted once, however many sweeps look at it.
+    pub lapsed: HashMap<SessionId, (u32, Epoch)>,
     pub conns: HashMap<SessionId, Outlet>,
     pub next_join: u64,
     pub closed: bool,
@@ -102,7 +103,23 @@ pub const GIVEN_UP: u32 = 2;
 impl RoomState {
     /// Whether elections may pick `m`: it may host and has not lapsed `GIVEN_UP` times in a row.
     pub fn electable(&self, m: &Member) -> bool {
-        m.may_host && self.lapsed.get(&m.session).is_none_or(|&n| n < GIVEN_UP)
+        m.may_host
+            && self
+                .lapsed
+                .get(&m.session)
+                .is_none_or(|&(n, _)| n < GIVEN_UP)
+    }
+
+    /// `session`'s lease of `epoch` lapsed. Counted once per epoch: a sweep whose grant failed
+    /// (the store busy) or lost to another process's looks at the same lapse again, and counting
+    /// each look gave up on a lone host that answered every probe.
+    pub fn lapse(&mut self, session: &SessionId, epoch: Epoch) {
+        let n = match self.lapsed.get(session) {
+            Some(&(n, e)) if e == epoch => n,
+            Some(&(n, _)) => n + 1,
+            None => 1,
+        };
+        self.lapsed.insert(session.clone(), (n, epoch));
     }
 }
 
@@ -580,7 +597,7 @@ impl App {
             if let (Some(_), Some(s)) = (&row.host, &row.session) {
                 let mut st = room.state.lock().expect("room lock");
                 if st.members.iter().any(|m| &m.session == s) {
-                    *st.lapsed.entry(s.clone()).or_default() += 1;
+                    st.lapse(s, row.epoch);
                 }
             }
             // A session that let its lease lapse is passed over while another eligible member
@@ -991,6 +1008,27 @@ async fn sweeper(app: Arc<App>, mut last_kick: i64) {
 mod tests {
     use super::*;
     use crate::store::SqliteStore;
+
+    /// A lapse is counted once per epoch, however many sweeps look at it (a grant that failed
+    /// or lost a race is tried again by the next sweep); lapses of two epochs in a row give up.
+    #[test]
+    fn a_lapse_is_counted_once_per_epoch() {
+        let room = Room::new(
+            RoomId::new("r").unwrap(),
+            SignedAssignment::from(genesis("r")),
+        );
+        let mut st = room.state.lock().unwrap();
+        let m = member(1);
+        st.members.push(m.clone());
+        for _ in 0..3 {
+            st.lapse(&m.session, Epoch(4));
+        }
+        assert!(st.electable(&m));
+        st.lapse(&m.session, Epoch(5));
+        assert!(!st.electable(&m));
+        st.lapsed.remove(&m.session); // it answered
+        assert!(st.electable(&m));
+    }
     use hostlease::protocol::{Action, RoomEvent};
 
     /// A hostless room's first assignment.

@@ -296,6 +296,11 @@ pub struct HostView {
     /// dialled again and again by clients whose welcome was merely late, and a large welcome on
     /// a slow link (a browser hands a frame over only once all of it has arrived) gets through.
     stalls: u8,
+    /// Welcomes given up on since the last wake (a welcome does not reset it): a resume's wait
+    /// grows with them (its jitter up to `base · 2^slow`), so that a link slow enough to miss one
+    /// large welcome gives the next resume's longer, while a view that never missed one notices
+    /// a dead connection within the first timeout.
+    slow: u8,
     /// The end of the current silence window of a connection: a window in which no frame came
     /// (`heard` still false at its end) means the connection is dead, as the server sends a
     /// heartbeat after [`HEARTBEAT_MS`] of silence. A window is [`HEARTBEAT_MS`] plus the command
@@ -346,6 +351,7 @@ impl HostView {
             resync_sent_at: Instant::ZERO,
             unanswered: 0,
             stalls: 0,
+            slow: 0,
             silence_check_at: None,
             heard: false,
             late: false,
@@ -565,6 +571,7 @@ impl HostView {
         // before say nothing of the next, which waits the first timeout again; a hello awaited
         // for up to 160 s gets it too (and a resume or a grant awaited, no more than it had).
         self.stalls = 0;
+        self.slow = 0;
         let first = now.add_ms(self.config.command_timeout_ms);
         self.resync_retry_at = self.resync_retry_at.map(|t| t.min(first));
         self.set_lease(self.lease.after_wake());
@@ -620,6 +627,7 @@ impl HostView {
                 // drops it and dials again.
                 self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
                 self.stalls = (self.stalls + 1).min(5);
+                self.slow = (self.slow + 1).min(6);
                 self.events.push_back(Event::Stalled);
             } else if self.needs_participant_grant() {
                 self.request_resync(now, true);
@@ -1058,13 +1066,13 @@ impl HostView {
         }
         self.unanswered = self.unanswered.saturating_add(1);
         self.awaiting_welcome = true;
-        // Backed off by the stalls since the last welcome or wake (a lifetime count of resyncs
-        // held every resume of a long-lived view to the cap: up to 20 s to notice a dead
-        // connection instead of 5).
+        // Backed off by the welcomes given up on since the last wake (`slow`): a lifetime count
+        // of resyncs held every resume of a long-lived view to the cap, up to 20 s to notice a
+        // dead connection instead of 5.
         let retry = self
             .config
             .retry
-            .retry_delay_ms(self.stalls.into(), None, &mut self.rng);
+            .retry_delay_ms(self.slow.into(), None, &mut self.rng);
         self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms + retry));
         self.resume_asked = Some(self.cursor);
         self.transmits.push_back(ClientMsg::Resume {
