@@ -611,3 +611,74 @@ fn the_seq_only_path_is_taken() {
     eprintln!("events told by seq alone in the seeded slice: {taken}");
     assert!(taken >= 100, "only {taken} events took the seq-only path");
 }
+
+proptest! {
+    /// A resume answered with only the newest items (the server's replay cut at its byte budget)
+    /// and a discontinuity for the rest: every event the view received from the stream is
+    /// applied (never announced lost), each seq up to the snapshot point is applied or inside an
+    /// announced gap and never both, and applied events come once, in order.
+    #[test]
+    fn a_cut_replay_never_drops_what_the_view_holds(
+        total in 3u64..40,
+        lost in prop::collection::vec(any::<bool>(), 40),
+        keep in 0u64..40,
+    ) {
+        let mut v = live("b", "a", 2);
+        let start = v.cursor().0;
+        let mut received = Vec::new();
+        let mut resumed_from = None;
+        let mut events = Vec::new();
+        for seq in start + 1..=total {
+            if lost[seq as usize] {
+                continue;
+            }
+            received.push(seq);
+            v.handle_server(at(20), ServerMsg::Event(event(seq, 2, "a")));
+            let (t, ev) = drain(&mut v);
+            events.extend(ev);
+            for m in t {
+                if let ClientMsg::Resume { cursor } = m {
+                    resumed_from.get_or_insert(cursor.0);
+                }
+            }
+        }
+        if let Some(c) = resumed_from {
+            // The newest `keep` items after the cursor; the older ones announced as a gap.
+            let first_kept = (total + 1).saturating_sub(keep).max(c + 1);
+            let missed = (first_kept..=total).map(|s| Item::Event(event(s, 2, "a"))).collect();
+            let discontinuity = (first_kept > c + 1).then(|| Gap { from: Seq(c + 1), to: Seq(first_kept - 1) });
+            let snap = Snapshot {
+                seq: Seq(total),
+                ..snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None)
+            };
+            v.handle_server(at(30), ServerMsg::Welcome {
+                you: pid("b"),
+                session: sid("b-s"),
+                snapshot: snap,
+                missed,
+                discontinuity,
+            });
+            events.extend(drain(&mut v).1);
+        }
+        let applied = room_events(&events);
+        prop_assert!(applied.windows(2).all(|w| w[0] < w[1]), "{applied:?}");
+        let gaps: Vec<Gap> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Discontinuity(g) => Some(*g),
+                _ => None,
+            })
+            .collect();
+        let announced = |s: u64| gaps.iter().any(|g| g.from.0 <= s && s <= g.to.0);
+        // Without a gap seen there was no resume: the view is where its stream stopped.
+        let end = if resumed_from.is_some() { total } else { v.cursor().0 };
+        for s in start + 1..=end {
+            prop_assert!(applied.contains(&s) != announced(s), "seq {s}: {applied:?} {gaps:?}");
+        }
+        for s in &received {
+            prop_assert!(applied.contains(s), "received {s} not applied: {applied:?} {gaps:?}");
+        }
+        prop_assert_eq!(v.cursor(), Seq(end));
+        prop_assert_eq!(v.phase(), Phase::Live);
+    }
+}
