@@ -302,30 +302,34 @@ fn a_gap_while_live_asks_to_resume_and_the_welcome_fills_it() {
     assert_eq!(v.phase(), Phase::Live);
 }
 
+/// A welcome at seq 10 that replays 9 and 10 and announces `from..=8` as a discontinuity (the
+/// server's replay cut to its newest items).
+fn welcome_cut_at_9(from: u64) -> ServerMsg {
+    ServerMsg::Welcome {
+        you: pid("b"),
+        session: sid("b-s"),
+        snapshot: Snapshot {
+            seq: Seq(10),
+            ..snapshot(assignment(2, 2, Some("a")), vec![], None)
+        },
+        missed: vec![
+            Item::Event(event(9, 2, "a")),
+            Item::Event(event(10, 2, "a")),
+        ],
+        discontinuity: Some(Gap {
+            from: Seq(from),
+            to: Seq(8),
+        }),
+    }
+}
+
 #[test]
 fn a_gap_the_server_cannot_fill_becomes_a_discontinuity() {
     let mut v = live("b", "a", 2);
     v.handle_disconnected(at(20));
     v.handle_connected(at(30), Token::new("jt"));
     drain(&mut v);
-    let snap = Snapshot {
-        seq: Seq(10),
-        ..snapshot(assignment(2, 2, Some("a")), vec![], None)
-    };
-    let msg = ServerMsg::Welcome {
-        you: pid("b"),
-        session: sid("b-s"),
-        snapshot: snap,
-        missed: vec![
-            Item::Event(event(9, 2, "a")),
-            Item::Event(event(10, 2, "a")),
-        ],
-        discontinuity: Some(Gap {
-            from: Seq(3),
-            to: Seq(8),
-        }),
-    };
-    let (_, ev) = server(&mut v, 31, msg);
+    let (_, ev) = server(&mut v, 31, welcome_cut_at_9(3));
     assert!(ev.contains(&Event::Discontinuity(Gap {
         from: Seq(3),
         to: Seq(8)
@@ -348,24 +352,7 @@ fn a_discontinuity_never_drops_items_the_view_holds() {
     for seq in 6..=8 {
         server(&mut v, 22, ServerMsg::Event(event(seq, 2, "a")));
     }
-    let snap = Snapshot {
-        seq: Seq(10),
-        ..snapshot(assignment(2, 2, Some("a")), vec![], None)
-    };
-    let msg = ServerMsg::Welcome {
-        you: pid("b"),
-        session: sid("b-s"),
-        snapshot: snap,
-        missed: vec![
-            Item::Event(event(9, 2, "a")),
-            Item::Event(event(10, 2, "a")),
-        ],
-        discontinuity: Some(Gap {
-            from: Seq(4),
-            to: Seq(8),
-        }),
-    };
-    let (_, ev) = server(&mut v, 23, msg);
+    let (_, ev) = server(&mut v, 23, welcome_cut_at_9(4));
     let gaps: Vec<_> = ev
         .iter()
         .filter(|e| matches!(e, Event::Discontinuity(_)))
@@ -1363,6 +1350,25 @@ fn an_unanswered_hello_or_resume_stalls_the_connection() {
     );
 }
 
+/// At `t`, the live view at `seq` is sent `seq + 2` (`seq + 1` lost): it resumes from `seq`.
+fn skip_one(v: &mut HostView, t: u64, seq: u64) {
+    let (tx, _) = server(v, t, ServerMsg::Event(event(seq + 2, 2, "a")));
+    assert_eq!(tx, vec![ClientMsg::Resume { cursor: Seq(seq) }]);
+}
+
+/// At `t`, the welcome that replays `seq + 1` (the item `skip_one` lost) up to `seq + 2`.
+fn fill_the_skipped(v: &mut HostView, t: u64, seq: u64) {
+    let snap = Snapshot {
+        seq: Seq(seq + 2),
+        ..snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None)
+    };
+    server(
+        v,
+        t,
+        welcome("b", snap, vec![Item::Event(event(seq + 1, 2, "a"))]),
+    );
+}
+
 /// A resume waits the timeout and at most the first retry's jitter for its welcome however many
 /// resumes the view made before (each answered): the jitter grew with the view's lifetime count
 /// of resyncs, so a long-lived view took up to 20 s to notice a connection dead after a gap.
@@ -1373,20 +1379,13 @@ fn a_resume_waits_no_longer_for_the_resumes_made_before() {
     for i in 0..20 {
         let t = 100 + i * 100;
         // A gap (seq + 1 lost): a resume, answered by a welcome that fills it.
-        let (tx, _) = server(&mut v, t, ServerMsg::Event(event(seq + 2, 2, "a")));
-        assert_eq!(tx, vec![ClientMsg::Resume { cursor: Seq(seq) }]);
-        let snap = Snapshot {
-            seq: Seq(seq + 2),
-            ..snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None)
-        };
-        let missed = vec![Item::Event(event(seq + 1, 2, "a"))];
-        server(&mut v, t + 10, welcome("b", snap, missed));
+        skip_one(&mut v, t, seq);
+        fill_the_skipped(&mut v, t + 10, seq);
         assert_eq!(v.phase(), Phase::Live);
         seq += 2;
     }
     assert_eq!(v.stats().resyncs_requested, 20);
-    let (tx, _) = server(&mut v, 5_000, ServerMsg::Event(event(seq + 2, 2, "a")));
-    assert_eq!(tx, vec![ClientMsg::Resume { cursor: Seq(seq) }]);
+    skip_one(&mut v, 5_000, seq);
     let deadline = v.poll_timeout().expect("the resume's deadline");
     assert!(deadline <= at(5_000 + 5_000 + 250), "{deadline:?}");
     v.handle_timeout(deadline);
@@ -1404,8 +1403,7 @@ fn a_resume_waits_longer_after_welcomes_were_given_up_on() {
     let mut waits = Vec::new();
     for _ in 0..26 {
         // A gap: a resume, which goes unanswered until the view gives up on it.
-        let (tx, _) = server(&mut v, t, ServerMsg::Event(event(seq + 2, 2, "a")));
-        assert_eq!(tx, vec![ClientMsg::Resume { cursor: Seq(seq) }]);
+        skip_one(&mut v, t, seq);
         let stalled = loop {
             let d = v.poll_timeout().expect("a deadline");
             v.handle_timeout(d);
@@ -1418,12 +1416,7 @@ fn a_resume_waits_longer_after_welcomes_were_given_up_on() {
         v.handle_disconnected(at(t));
         v.handle_connected(at(t), Token::new("jt"));
         drain(&mut v);
-        let snap = Snapshot {
-            seq: Seq(seq + 2),
-            ..snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None)
-        };
-        let missed = vec![Item::Event(event(seq + 1, 2, "a"))];
-        server(&mut v, t + 10, welcome("b", snap, missed));
+        fill_the_skipped(&mut v, t + 10, seq);
         assert_eq!(v.phase(), Phase::Live);
         seq += 2;
         t += 20;

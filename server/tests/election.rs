@@ -378,28 +378,8 @@ async fn sessions_that_let_the_lease_lapse_do_not_keep_it_from_a_live_member() {
 /// `host` resigns with the newest host capability it was given; the host `watcher` then hears
 /// was chosen by the resignation.
 async fn resign(host: &mut Raw, watcher: &mut Raw) -> Option<hostlease::protocol::ParticipantId> {
-    let (epoch, token) = host
-        .seen
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ServerMsg::Capability {
-                role: hostlease::protocol::Role::Host,
-                epoch,
-                token,
-                ..
-            } => Some((*epoch, token.clone())),
-            _ => None,
-        })
-        .expect("a host capability");
-    host.send(&hostlease::protocol::ClientMsg::Command {
-        id: hostlease::protocol::IdempotencyKey::new("bye").unwrap(),
-        action: hostlease::protocol::Action::new("host.resign").unwrap(),
-        payload: hostlease::protocol::json::Json::null(),
-        epoch,
-        capability: token,
-    })
-    .await;
+    let (epoch, token) = host.host_capability().expect("a host capability");
+    host.send_resign(epoch, token).await;
     watcher
         .until(|m| match m {
             ServerMsg::Assignment(a) if a.assignment.reason == Reason::Resigned => {
@@ -550,29 +530,8 @@ async fn a_successor_who_left_before_the_resignation_committed_is_replaced_at_on
         .execute(&mut *lock)
         .await
         .unwrap();
-    let (epoch, token) = alice
-        .seen
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            ServerMsg::Capability {
-                role: hostlease::protocol::Role::Host,
-                epoch,
-                token,
-                ..
-            } => Some((*epoch, token.clone())),
-            _ => None,
-        })
-        .expect("a host capability");
-    alice
-        .send(&ClientMsg::Command {
-            id: hostlease::protocol::IdempotencyKey::new("bye").unwrap(),
-            action: hostlease::protocol::Action::new("host.resign").unwrap(),
-            payload: hostlease::protocol::json::Json::null(),
-            epoch,
-            capability: token,
-        })
-        .await;
+    let (epoch, token) = alice.host_capability().expect("a host capability");
+    alice.send_resign(epoch, token).await;
     // Queued (bob chosen, first in join order after alice); then bob leaves.
     tokio::time::sleep(Duration::from_millis(200)).await;
     bob.send(&ClientMsg::Leave).await;

@@ -373,15 +373,7 @@ async fn a_resign_whose_connection_drops_at_once_is_still_logged() {
     let mut bob = Raw::join(p.addr, "rs", &join_token(&key, "rs", "bob", true), None).await;
     bob.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
         .await;
-    alice
-        .send(&ClientMsg::Command {
-            id: hostlease::protocol::IdempotencyKey::new("bye").unwrap(),
-            action: hostlease::protocol::Action::new("host.resign").unwrap(),
-            payload: hostlease::protocol::json::Json::null(),
-            epoch,
-            capability: host_token,
-        })
-        .await;
+    alice.send_resign(epoch, host_token).await;
     drop(alice);
     bob.until_host().await;
     let log = dir.path().join("p1.log");

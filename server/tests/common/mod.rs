@@ -152,6 +152,36 @@ impl Raw {
         r
     }
 
+    /// The newest host capability this client was given: its epoch and token.
+    pub fn host_capability(&self) -> Option<(Option<hostlease::protocol::Epoch>, Token)> {
+        self.seen.iter().rev().find_map(|m| match m {
+            ServerMsg::Capability {
+                role: hostlease::protocol::Role::Host,
+                epoch,
+                token,
+                ..
+            } => Some((*epoch, token.clone())),
+            _ => None,
+        })
+    }
+
+    /// Sends `host.resign` (idempotency key `bye`) with `capability`, a host capability of
+    /// `epoch`.
+    pub async fn send_resign(
+        &mut self,
+        epoch: Option<hostlease::protocol::Epoch>,
+        capability: Token,
+    ) {
+        self.send(&ClientMsg::Command {
+            id: hostlease::protocol::IdempotencyKey::new("bye").unwrap(),
+            action: hostlease::protocol::Action::new("host.resign").unwrap(),
+            payload: hostlease::protocol::json::Json::null(),
+            epoch,
+            capability,
+        })
+        .await;
+    }
+
     pub async fn send(&mut self, m: &ClientMsg) {
         self.ws
             .send(Message::Text(encode_client(m).into()))
