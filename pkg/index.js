@@ -157,7 +157,7 @@ async function fetchWithRetry(url, init = {}, attempts = 5) {
 /** A protocol counter (seq, epoch, cursor, time): a non-negative safe integer. */
 const count = (n) => Number.isSafeInteger(n) && n >= 0;
 
-/** Pages read per `fetchInbox` call at most (256 entries each); `next` says where to go on. */
+/** Pages read per `fetchInbox` call at most (each up to 256 entries and 1 MiB); `next` says where to go on. */
 const INBOX_MAX_PAGES = 16;
 
 /** Checks one inbox page's shape; the entries' items are the stream items of the protocol. */

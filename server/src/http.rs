@@ -18,8 +18,8 @@ use axum::{Json, Router};
 use hostlease::protocol::json::ToJson;
 use hostlease::protocol::{
     codec::{decode_body, encode_body, MAX_CLIENT_FRAME},
-    CommandRequest, DecodeError, IdempotencyKey, InboxPage, KeySet, Member, Outcome, ParticipantId,
-    Reason, RejectCode, RoomId, Token,
+    CommandRequest, DecodeError, IdempotencyKey, KeySet, Member, Outcome, ParticipantId, Reason,
+    RejectCode, RoomId, Token,
 };
 use serde::Deserialize;
 use tower_http::cors::{Any, CorsLayer};
@@ -372,6 +372,12 @@ fn join_claims(app: &App, headers: &HeaderMap, room: &RoomId) -> Result<JoinClai
 }
 
 /// The durable inbox of the participant named by a join token for the room (Bearer).
+/// Most entries in one inbox page.
+pub const INBOX_PAGE: i64 = 256;
+/// Most bytes of stored items in one inbox page (one entry at least): past it the page ends and
+/// `next` says where to read on.
+pub const INBOX_PAGE_BYTES: usize = 1024 * 1024;
+
 async fn inbox(
     State(app): State<Arc<App>>,
     Path(room): Path<String>,
@@ -386,16 +392,12 @@ async fn inbox(
         Ok(c) => c,
         Err(e) => return e,
     };
-    const PAGE: i64 = 256;
-    match app.store.inbox(&room, &claims.sub, q.since, PAGE).await {
-        Ok(entries) => {
-            let next = if entries.len() as i64 == PAGE {
-                entries.last().map(|e| e.cursor)
-            } else {
-                None
-            };
-            json_body(&InboxPage { entries, next })
-        }
+    match app
+        .store
+        .inbox(&room, &claims.sub, q.since, INBOX_PAGE, INBOX_PAGE_BYTES)
+        .await
+    {
+        Ok(page) => json_body(&page),
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
     }
 }

@@ -33,13 +33,25 @@ pub fn backoff_ms(attempts: i64) -> u64 {
     cap / 2 + u64::from_le_bytes(b) % (cap / 2 + 1)
 }
 
+/// How long one delivery may take.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Rows claimed at a time.
+const BATCH: i64 = 64;
+/// How long a claim keeps other processes from sending the rows it holds; a row is sent only
+/// while its claim outlasts the send.
+const CLAIM: Duration = Duration::from_secs(30);
+
 pub async fn worker(app: Arc<App>) {
     let Some(url) = app.cfg.webhook_url.clone() else {
         return;
     };
     let secret = app.cfg.webhook_secret.clone().unwrap_or_default();
+    // No redirects: a 301–303 turned the POST into a GET without its body, whose 2xx marked the
+    // item delivered; a 307/308 sent it, signed, wherever `Location` said. A 3xx is a failure
+    // (retried).
     let client = match reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
+        .timeout(SEND_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
     {
         Ok(c) => c,
@@ -51,7 +63,8 @@ pub async fn worker(app: Arc<App>) {
     let poll = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2);
     loop {
         tokio::time::sleep(poll).await;
-        let due = match app.store.webhook_due(64, 30_000).await {
+        let claimed = tokio::time::Instant::now();
+        let due = match app.store.webhook_due(BATCH, CLAIM.as_millis() as u64).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "webhook outbox read failed");
@@ -59,6 +72,11 @@ pub async fn worker(app: Arc<App>) {
             }
         };
         for (id, key, body, attempts) in due {
+            if claimed.elapsed() + SEND_TIMEOUT > CLAIM {
+                // The claim could run out during this send, and another process send the row
+                // too: the rest of the batch waits for the claim to end and is claimed again.
+                break;
+            }
             if attempts > 0 {
                 // The same outbox key again (the receiver dedups by it).
                 metrics::counter!("hostlease_webhook_redeliveries_total").increment(1);

@@ -350,7 +350,11 @@ async fn a_notified_batch_reaches_exactly_the_offline_participants_of_each_room(
         (&r2, "fay", 2),
         (&r1, "dan", 0),
     ] {
-        let got = store.inbox(room, &pid(p), 0, 100).await.unwrap();
+        let got = store
+            .inbox(room, &pid(p), 0, 100, usize::MAX)
+            .await
+            .unwrap()
+            .entries;
         assert_eq!(got.len(), want, "{p} in {room:?}");
         assert!(got.iter().all(|e| matches!(e.item, Item::Assignment(_))));
     }
@@ -363,7 +367,12 @@ async fn notify_all(store: &SqliteStore) -> usize {
 }
 
 async fn inbox_len(store: &SqliteStore, room: &RoomId, p: &ParticipantId) -> usize {
-    store.inbox(room, p, 0, 100).await.unwrap().len()
+    store
+        .inbox(room, p, 0, 100, usize::MAX)
+        .await
+        .unwrap()
+        .entries
+        .len()
 }
 
 /// Offline inboxes are bounded: housekeeping deletes entries past their retention and forgets
@@ -450,6 +459,72 @@ async fn inbox_entries_and_forgotten_participants_are_pruned() {
     );
 }
 
+/// An inbox page ends at its byte budget (one entry at least) or its length, with the cursor to
+/// read on from; an entry that no longer decodes is passed over, not the end of the reading; a
+/// page that ends exactly with the inbox says so; a cursor past `i64::MAX` is the end (it wrapped
+/// to the first page). A page was read whole: 256 entries of up to 59 KiB.
+#[tokio::test]
+async fn an_inbox_page_ends_at_its_byte_budget() {
+    let (_dir, store) = temp_store().await;
+    let keys = Keypair::generate("k1");
+    let room = RoomId::new("pages").unwrap();
+    let pid = |s: &str| ParticipantId::new(s).unwrap();
+    let p = pid("p0");
+    store.remember_participant(&room, &p).await.unwrap();
+    let holder = (pid("h"), SessionId::new("h-s").unwrap());
+    grant_won(&store, &keys, &room, 0, holder).await;
+    assert_eq!(notify_all(&store).await, 1);
+    let text: String = sqlx::query_scalar("SELECT item FROM inbox_items")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    // Four more entries, the third of them an item that no longer decodes.
+    for item in [&text, &text, "{\"t\":\"gone\"}", &text] {
+        sqlx::query(&format!(
+            "INSERT INTO inbox (room, participant, item, created_at) VALUES ('pages', 'p0', ?, {})",
+            hostlease_server::store::NOW
+        ))
+        .bind(item)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    let page = |since: u64, limit: i64, bytes: usize| {
+        let (store, room, p) = (&store, &room, &p);
+        async move { store.inbox(room, p, since, limit, bytes).await.unwrap() }
+    };
+    let cursors = |pg: &hostlease::protocol::InboxPage| -> Vec<u64> {
+        pg.entries.iter().map(|e| e.cursor).collect()
+    };
+    let all = page(0, 10, usize::MAX).await;
+    let c = cursors(&all);
+    assert_eq!((c.len(), all.next), (4, None), "{c:?}");
+    // Two items' worth of bytes: two entries.
+    let first = page(0, 10, 2 * text.len()).await;
+    assert_eq!((cursors(&first), first.next), (c[..2].to_vec(), Some(c[1])));
+    // Less than one item's: one entry all the same.
+    let one = page(c[1], 10, 1).await;
+    assert_eq!((cursors(&one), one.next), (vec![c[2]], Some(c[2])));
+    // The undecodable entry is passed over: the page after it goes on.
+    let rest = page(c[2], 10, usize::MAX).await;
+    assert_eq!((cursors(&rest), rest.next), (vec![c[3]], None));
+    // A page of one that holds only the undecodable entry is empty, and goes on past it.
+    let skipped = page(c[2], 1, usize::MAX).await;
+    assert!(skipped.entries.is_empty());
+    let after = skipped.next.expect("more is left");
+    assert!(c[2] < after && after < c[3]);
+    let last = page(after, 1, usize::MAX).await;
+    assert_eq!(
+        (cursors(&last), last.next),
+        (vec![c[3]], None),
+        "the page ends exactly with the inbox"
+    );
+    let short = page(0, 1, usize::MAX).await;
+    assert_eq!((cursors(&short), short.next), (vec![c[0]], Some(c[0])));
+    let past = page(u64::MAX, 10, usize::MAX).await;
+    assert_eq!((past.entries.len(), past.next), (0, None));
+}
+
 /// An item in several offline inboxes is stored once, each participant's row pointing at it (a
 /// copy per row made one 58 KB vote in a room with 300 away a 17 MB transaction); a row of the
 /// code before (its own copy, no pointer) still reads; an item goes once it is old and no row
@@ -489,7 +564,11 @@ async fn an_item_in_many_inboxes_is_stored_once() {
         "no row holds a copy"
     );
     for p in &away {
-        let got = store.inbox(&room, p, 0, 10).await.unwrap();
+        let got = store
+            .inbox(&room, p, 0, 10, usize::MAX)
+            .await
+            .unwrap()
+            .entries;
         assert_eq!(got.len(), 1, "{p:?}");
         assert!(matches!(got[0].item, Item::Assignment(_)), "{got:?}");
     }
@@ -505,7 +584,15 @@ async fn an_item_in_many_inboxes_is_stored_once() {
     .execute(store.pool())
     .await
     .unwrap();
-    assert_eq!(store.inbox(&room, &away[0], 0, 10).await.unwrap().len(), 2);
+    assert_eq!(
+        store
+            .inbox(&room, &away[0], 0, 10, usize::MAX)
+            .await
+            .unwrap()
+            .entries
+            .len(),
+        2
+    );
     // An item past the retention stays while a row within it points at it (the row is written
     // after its item, and housekeeping reads the clock once per delete).
     sqlx::query(&format!(
@@ -520,7 +607,12 @@ async fn an_item_in_many_inboxes_is_stored_once() {
     assert_eq!(count("SELECT COUNT(*) FROM inbox_items").await, 1);
     for p in &away {
         assert!(
-            !store.inbox(&room, p, 0, 10).await.unwrap().is_empty(),
+            !store
+                .inbox(&room, p, 0, 10, usize::MAX)
+                .await
+                .unwrap()
+                .entries
+                .is_empty(),
             "{p:?}"
         );
     }

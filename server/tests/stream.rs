@@ -10,8 +10,8 @@ use common::*;
 use ed25519_dalek::{Signature, VerifyingKey};
 use hostlease::protocol::{
     codec::{signing_bytes, MAX_CLIENT_FRAME},
-    Action, ClientMsg, Epoch, ErrorCode, IdempotencyKey, InboxEntry, InboxPage, Item, KeySet,
-    Outcome, ParticipantId, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId, Snapshot, Token,
+    Action, ClientMsg, Epoch, ErrorCode, IdempotencyKey, InboxPage, Item, KeySet, Outcome,
+    ParticipantId, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId, Snapshot, Token,
 };
 use hostlease_server::store::{
     CommandDone, CommandReq, GrantOutcome, GrantReq, Pending, Renewed, RoomRow, SqliteStore,
@@ -1399,8 +1399,9 @@ impl hostlease_server::store::Store for Slowed {
         p: &ParticipantId,
         s: u64,
         l: i64,
-    ) -> StoreResult<Vec<InboxEntry>> {
-        self.store.inbox(r, p, s, l).await
+        b: usize,
+    ) -> StoreResult<InboxPage> {
+        self.store.inbox(r, p, s, l, b).await
     }
     async fn lapsed_rooms(&self, r: &[RoomId]) -> StoreResult<Swept> {
         self.store.lapsed_rooms(r).await

@@ -5,6 +5,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
 use common::*;
 use hostlease::protocol::Item;
 
@@ -13,31 +14,48 @@ async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
     type Seen = Arc<Mutex<Vec<(String, String, String)>>>;
     let seen: Seen = Arc::default();
     let s2 = seen.clone();
-    // A receiver that fails the first delivery of each key, then accepts.
-    let receiver = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move |headers: HeaderMap, body: String| {
-            let seen = s2.clone();
-            async move {
-                let h = |n: &str| {
-                    headers
-                        .get(n)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_string()
-                };
-                let key = h("idempotency-key");
-                let mut v = seen.lock().unwrap();
-                let first = !v.iter().any(|(k, _, _)| *k == key);
-                v.push((key, h("x-hostlease-signature"), body));
-                if first {
-                    StatusCode::INTERNAL_SERVER_ERROR
-                } else {
-                    StatusCode::NO_CONTENT
+    // A receiver that redirects the first delivery of each key elsewhere (where a GET or a POST
+    // would be answered 2xx), fails the second, and accepts the third. A redirect is a failure:
+    // followed, a 303 turned the POST into a GET without its body, whose 2xx marked the item
+    // delivered.
+    let followed = Arc::new(Mutex::new(0));
+    let f2 = followed.clone();
+    let elsewhere = move || {
+        let followed = f2.clone();
+        async move {
+            *followed.lock().unwrap() += 1;
+            StatusCode::NO_CONTENT
+        }
+    };
+    let receiver = axum::Router::new()
+        .route(
+            "/elsewhere",
+            axum::routing::get(elsewhere.clone()).post(elsewhere),
+        )
+        .route(
+            "/hook",
+            axum::routing::post(move |headers: HeaderMap, body: String| {
+                let seen = s2.clone();
+                async move {
+                    let h = |n: &str| {
+                        headers
+                            .get(n)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_string()
+                    };
+                    let key = h("idempotency-key");
+                    let mut v = seen.lock().unwrap();
+                    let before = v.iter().filter(|(k, _, _)| *k == key).count();
+                    v.push((key, h("x-hostlease-signature"), body));
+                    match before {
+                        0 => (StatusCode::SEE_OTHER, [("location", "/elsewhere")]).into_response(),
+                        1 => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                        _ => StatusCode::NO_CONTENT.into_response(),
+                    }
                 }
-            }
-        }),
-    );
+            }),
+        );
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let hook = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, receiver).await.unwrap() });
@@ -60,7 +78,7 @@ async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
     loop {
         {
             let v = seen.lock().unwrap();
-            if v.iter().filter(|(k, _, _)| k == "assignment:wh:1").count() >= 2 {
+            if v.iter().filter(|(k, _, _)| k == "assignment:wh:1").count() >= 3 {
                 break;
             }
         }
@@ -91,7 +109,8 @@ async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
         .iter()
         .filter(|(k, _, _)| k == "assignment:wh:1")
         .count();
-    assert_eq!(n, 2);
+    assert_eq!(n, 3);
+    assert_eq!(*followed.lock().unwrap(), 0, "a redirect was followed");
 }
 
 /// A webhook URL this build cannot deliver to (`https://`: no TLS here; not a URL) is refused
