@@ -199,6 +199,104 @@ pub async fn listen(addr: &str, backlog: u32) -> std::io::Result<tokio::net::Tcp
     socket.listen(backlog)
 }
 
+/// A connection whose writes may each wait at most `timeout` for the client to make room:
+/// hyper's HTTP/1 server has a deadline for reading a request's head but none for writing the
+/// answer, so a client that stopped reading held its answer (an inbox page, a file) and the
+/// connection for ever. A write past it fails, and the connection ends.
+struct WriteDeadline<S> {
+    io: S,
+    timeout: std::time::Duration,
+    waiting: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(io: S, timeout_ms: u64) -> Self {
+        Self {
+            io,
+            timeout: std::time::Duration::from_millis(timeout_ms),
+            waiting: None,
+        }
+    }
+
+    /// `r`, or a `TimedOut` error once writes have waited `timeout` without progress.
+    fn deadline<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        r: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::future::Future;
+        if r.is_ready() {
+            self.waiting = None;
+            return r;
+        }
+        let timeout = self.timeout;
+        let sleep = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match sleep.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client did not read its answer in time",
+            ))),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.io).poll_write(cx, buf);
+        this.deadline(cx, r)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.deadline(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.io).poll_flush(cx);
+        this.deadline(cx, r)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut this.io).poll_shutdown(cx);
+        this.deadline(cx, r)
+    }
+}
+
 /// How long a shutdown waits for requests under way and for WebSocket sessions to close.
 const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -256,6 +354,7 @@ pub async fn serve(
             hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
                 service.clone().oneshot(request)
             });
+        let socket = WriteDeadline::new(socket, app.cfg.write_timeout_ms);
         let conn = http1
             .serve_connection(hyper_util::rt::TokioIo::new(socket), hyper_service)
             .with_upgrades();

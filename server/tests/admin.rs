@@ -797,6 +797,52 @@ async fn sockets_that_send_no_whole_request_head_are_closed() {
     assert_eq!(r.status(), 200);
 }
 
+/// A client that stops reading its answer is let go once a write has waited the write timeout
+/// (`Config::write_timeout_ms`, 10 s, as for WebSocket sessions): hyper's HTTP/1 server had no
+/// deadline for writing an answer, and such a client held it (an inbox page, a file) and the
+/// connection for ever.
+#[tokio::test]
+async fn a_client_that_does_not_read_its_answer_is_let_go_after_the_write_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let www = tempfile::tempdir().unwrap();
+    const LEN: usize = 32 << 20;
+    std::fs::write(www.path().join("big.bin"), vec![7u8; LEN]).unwrap();
+    let srv = start(hostlease_server::Config {
+        www: Some(www.path().to_path_buf()),
+        write_timeout_ms: 300,
+        ..test_config()
+    })
+    .await;
+    // A small receive window, and nothing read for a while: the server's writes wait.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(srv.addr).await.unwrap();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // What the server had handed to the kernel still arrives, then the end: not all of it.
+    let mut got = 0;
+    let mut buf = vec![0u8; 1 << 16];
+    let read_all = async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read_all)
+        .await
+        .expect("the connection ended");
+    assert!(got < LEN, "the whole answer came: {got} bytes");
+    // The server goes on answering others.
+    let r = reqwest::get(format!("http://{}/healthz", srv.addr))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
 /// HTTP connections are capped per client address as they are accepted: past the cap a new one
 /// is closed at once (it stayed open until its header timeout, and one address sending a request
 /// every few seconds on each kept thousands open), and a slot frees when a connection ends. A
