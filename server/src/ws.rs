@@ -151,15 +151,10 @@ fn frame(msg: &ServerMsg) -> Message {
 /// An `error` frame; its message cut to `MAX_MESSAGE_LEN` bytes (at a character boundary), the
 /// most a client accepts (it was cut to 200 characters, up to 800 bytes).
 fn error_msg(code: ErrorCode, message: &str) -> ServerMsg {
-    let mut end = message
-        .len()
-        .min(hostlease::protocol::codec::MAX_MESSAGE_LEN);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
+    let max = hostlease::protocol::codec::MAX_MESSAGE_LEN;
     ServerMsg::Error {
         code,
-        message: message[..end].into(),
+        message: hostlease::protocol::clamp_bytes(message, max).into(),
     }
 }
 

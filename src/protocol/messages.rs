@@ -125,12 +125,18 @@ impl Member {
     /// ends on a character boundary: what a member's display name may be (a cut by characters
     /// could exceed the limit in bytes, and every frame naming the member would then be refused).
     pub fn clamp_name(name: &str) -> &str {
-        let mut end = name.len().min(super::codec::MAX_NAME_LEN);
-        while !name.is_char_boundary(end) {
-            end -= 1;
-        }
-        &name[..end]
+        clamp_bytes(name, super::codec::MAX_NAME_LEN)
     }
+}
+
+/// `text` cut to its longest prefix of at most `max` bytes that ends on a character boundary
+/// (a limit the decoder checks in bytes).
+pub fn clamp_bytes(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// Which actions the server treats as host-only and which as participant actions.
