@@ -29,7 +29,9 @@ for (const [name, source] of Object.entries(ENTRIES)) {
   await esbuild.build({
     stdin: { contents: source, resolveDir: outDir, loader: "js" },
     bundle: true, minify: true, format: "esm", platform: "browser", outfile: file,
-    nodePaths: [anchorModules, join(pkgDir, "test/node_modules")], logLevel: "error",
+    nodePaths: [anchorModules], logLevel: "error",
+    // `hostlease` is this package (a fresh checkout has no node_modules linking it).
+    plugins: [{ name: "hostlease", setup: (b) => b.onResolve({ filter: /^hostlease$/ }, () => ({ path: join(pkgDir, "index.js") })) }],
     define: { "process.env.NODE_ENV": '"production"' },
   });
   const js = await readFile(file);
