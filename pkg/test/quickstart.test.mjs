@@ -1,25 +1,28 @@
 // The README's quick start, as a newcomer would run it: the package packed with `npm pack`,
 // installed into a fresh Vite app (its README and licence texts checked), the quick-start block
 // copied from README.md into its main.js, built by Vite and served by the real hostlease-server
-// (`--dev --www`), in headless Chromium (playwright-core, Debian's browser), inside the
+// (`--dev --www`), and served by Vite's dev server too (`npm run dev`), in headless Chromium (playwright-core, Debian's browser), inside the
 // loopback-only network namespace of `cargo xtask test`. The test plays the app's backend: it
 // answers `/join-token` with a token minted by the server's dev endpoint. Waits are for
 // conditions, with generous bounds.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { promisify } from "node:util";
 import { chromium } from "playwright-core";
-import { BIN, startServer } from "./harness/server.mjs";
+import { BIN, freePort, startServer } from "./harness/server.mjs";
 import { until } from "./harness/until.mjs";
 
 const run = promisify(execFile);
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+const VITE = join(ROOT, ".tools/node/node_modules/.bin/vite");
+/** What the test puts for the quick start's server URL: the page's own origin. */
+const SAME_ORIGIN = 'location.origin.replace(/^http/, "ws")';
 const ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
   "--disable-background-networking", "--disable-component-update", "--disable-sync",
   "--disable-dev-shm-usage"];
@@ -65,9 +68,9 @@ before(async () => {
     assert.match(await readFile(join(installed, f), "utf8"), /License/, `${f} is in the package`);
   }
   assert.ok(code.includes(PLACEHOLDER_URL), `the quick start connects to ${PLACEHOLDER_URL}`);
-  await writeFile(join(app, "main.js"), PREAMBLE + code.replace(PLACEHOLDER_URL, 'location.origin.replace(/^http/, "ws")') + POSTAMBLE);
+  await writeFile(join(app, "main.js"), PREAMBLE + code.replace(PLACEHOLDER_URL, SAME_ORIGIN) + POSTAMBLE);
   await writeFile(join(app, "index.html"), INDEX_HTML);
-  await run(join(ROOT, ".tools/node/node_modules/.bin/vite"), ["build", "--logLevel", "warn"], { cwd: app });
+  await run(VITE, ["build", "--logLevel", "warn"], { cwd: app });
   const assets = await readdir(join(app, "dist/assets"));
   assert.ok(assets.some((f) => f.endsWith(".wasm")), `Vite emitted the .wasm: ${assets}`);
   // 6 s leases: no lapse (an extra assignment in the room's seq) in a loaded machine's stall.
@@ -81,8 +84,9 @@ after(async () => {
   if (app) await rm(app, { recursive: true, force: true });
 });
 
-/** A tab of the built app for participant `pid`: what it logs and every alert it raises. */
-async function tab(pid) {
+/** A tab of the app (by default the build, served by hostlease-server) for participant `pid`:
+ * what it logs and every alert it raises. */
+async function tab(pid, base = srv.base) {
   const ctx = await browser.newContext();
   const page = await ctx.newPage();
   const t = { pid, ctx, page, logs: [], alerts: [], errors: [] };
@@ -98,7 +102,7 @@ async function tab(pid) {
     const token = await srv.mintToken("lunch", pid, ttlMs);
     await route.fulfill({ json: { token, expiresAt: Date.now() + ttlMs } });
   });
-  await page.goto(`${srv.base}/?as=${pid}`);
+  await page.goto(`${base}/?as=${pid}`);
   return t;
 }
 
@@ -149,6 +153,35 @@ test("the README's quick start in a fresh Vite app: a host, its poll, and a new 
   assert.deepEqual([...ada.errors, ...bob.errors], []);
   await ada.ctx.close();
   await bob.ctx.close();
+});
+
+// A newcomer's next step is `npm run dev`: Vite's dev server pre-bundles dependencies into
+// node_modules/.vite, where the glue's `new URL("hostlease_bg.wasm", import.meta.url)` must still
+// find the .wasm (no plugin, no `optimizeDeps` setting).
+test("the same app in Vite's dev server: the .wasm loads and the tab becomes host", async () => {
+  // The dev server serves main.js as it is on disk: the quick start now dials hostlease-server.
+  const main = await readFile(join(app, "main.js"), "utf8");
+  assert.ok(main.includes(SAME_ORIGIN));
+  await writeFile(join(app, "main.js"), main.replace(SAME_ORIGIN, JSON.stringify(srv.base.replace(/^http/, "ws"))));
+  const port = await freePort();
+  const vite = spawn(VITE, ["--port", String(port), "--strictPort", "--host", "127.0.0.1", "--logLevel", "warn"],
+    { cwd: app, stdio: ["ignore", "pipe", "pipe"] });
+  const out = [];
+  vite.stdout.on("data", (d) => out.push(String(d)));
+  vite.stderr.on("data", (d) => out.push(String(d)));
+  try {
+    const base = `http://127.0.0.1:${port}`;
+    await until("Vite's dev server answers", async () => (await fetch(base).catch(() => null))?.ok);
+    const cat = await tab("cat", base);
+    // A page error (the .wasm not found) ends the wait, and the assertion below shows it.
+    await until("cat is host", () => lastHost(cat)?.host === "cat" || cat.errors.length > 0);
+    assert.deepEqual(cat.errors, [], `Vite said: ${out.join("")}`);
+    // What it loaded came from the dev server: the module graph Vite rewrote, not the build.
+    assert.ok(await cat.page.evaluate(() => [...document.scripts].some((s) => s.src.endsWith("/@vite/client"))));
+    await cat.ctx.close();
+  } finally {
+    vite.kill();
+  }
 });
 
 test("server/README.md's Node backend block mints join tokens the real server takes", async () => {

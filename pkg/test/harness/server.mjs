@@ -12,7 +12,7 @@ export const BIN = process.env.HOSTLEASE_SERVER_BIN ?? join(root, "target/debug/
 
 const ADMIN_KEY = "browser-tests-admin-key";
 
-function freePort() {
+export function freePort() {
   return new Promise((resolve) => {
     const s = net.createServer().listen(0, "127.0.0.1", () => {
       const { port } = s.address();
