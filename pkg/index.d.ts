@@ -229,6 +229,12 @@ export declare class Room {
    * `{"t":"hostlease.relay"}` messages on `channel`: best a channel of its own. */
   attachPeer(peerId: string, channel: RTCDataChannel): void;
   detachPeer(peerId: string): void;
+  /** Sends WebRTC signalling `data` (an offer, an answer, an ICE candidate) to member `to`
+   * through the server, which hands it to each of that member's sessions as a `signal` event
+   * (`{ from, fromSession, data }`). Returns whether it went out: `false` while the socket is not
+   * open (signals are not queued: send them again after `connection` says `live`), for a `to`
+   * that is not a member id, or for data past the payload limits (60,416 bytes of JSON, 64
+   * levels of nesting). Throws a `UsageError` (`BadArgument`) for data JSON cannot hold. */
   signal(to: string, data: unknown): boolean;
   /** This participant's durable inbox, read over HTTP with the room's join token (see
    * `fetchInbox`; a refused token is asked of `getToken` once more). */
