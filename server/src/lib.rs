@@ -41,6 +41,12 @@ pub struct Config {
     /// any kind past four times it on one connection close that connection (a flood).
     pub msg_rate: f64,
     pub msg_burst: f64,
+    /// Resumes per participant in a room (its sessions share it), per second, and burst. Each
+    /// costs a log read, a welcome of up to 1 MiB of replay and a signed token; the SDK sends one
+    /// at a time (after a gap, or a wake: a tab shown again), each after the last one's welcome.
+    /// Past this a resume waits its turn (the connection stays open).
+    pub resume_rate: f64,
+    pub resume_burst: f64,
     /// HTTP requests per second per client address, and burst.
     pub http_rate: f64,
     pub http_burst: f64,
@@ -91,6 +97,8 @@ impl Default for Config {
             max_sockets_per_address: 1000,
             msg_rate: 50.0,
             msg_burst: 100.0,
+            resume_rate: 2.0,
+            resume_burst: 10.0,
             http_rate: 50.0,
             http_burst: 100.0,
             participant_token_ms: 600_000,

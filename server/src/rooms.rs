@@ -403,6 +403,9 @@ pub struct App {
     /// Commands per participant in a room, over every WebSocket session it has and HTTP
     /// together: a join token opening more sockets, or reconnecting, gets no more through.
     pub command_limiter: Limiter<(RoomId, ParticipantId)>,
+    /// Resumes per participant in a room, likewise: 16 sessions of one join token do not get
+    /// 16 times the welcomes.
+    pub resume_limiter: Limiter<(RoomId, ParticipantId)>,
     /// The kicks made through this process that the sweeper has not read yet. Held from
     /// recording a kick until its sessions here are closed, and by the sweeper while it reads the
     /// kicks recorded: the sweeper sees a kick made here only once it is applied, so the kick's
@@ -422,6 +425,7 @@ impl App {
         let cap_keys = Verifier::from_keys(&[keys.public()]).expect("own key is valid");
         let http_limiter = Limiter::new(cfg.http_rate, cfg.http_burst);
         let command_limiter = Limiter::new(cfg.msg_rate, cfg.msg_burst);
+        let resume_limiter = Limiter::new(cfg.resume_rate, cfg.resume_burst);
         Arc::new(Self {
             cfg,
             store,
@@ -436,6 +440,7 @@ impl App {
             metrics: crate::http::metrics_handle(),
             http_limiter,
             command_limiter,
+            resume_limiter,
             kicking: tokio::sync::Mutex::new(HashSet::new()),
         })
     }

@@ -202,13 +202,6 @@ fn decode_error_code(e: &DecodeError) -> ErrorCode {
 /// a flood. Commands beyond the rate itself are refused one by one (`Bucket::admit`).
 const FLOOD_FACTOR: f64 = 4.0;
 
-/// Resumes per second per connection, and burst. Each costs a log read, a welcome of up to
-/// 1 MiB of replay and a signed token; the SDK sends one at a time (after a gap, or a wake: a
-/// tab shown again), each after the last one's welcome. Past this a resume waits its turn (the
-/// connection stays open; a client that sends a burst gets its welcomes at this rate).
-const RESUME_RATE: f64 = 2.0;
-const RESUME_BURST: f64 = 10.0;
-
 fn random_session() -> SessionId {
     let mut b = [0u8; 12];
     getrandom::fill(&mut b).expect("random source");
@@ -403,7 +396,6 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             app.cfg.msg_rate * FLOOD_FACTOR,
             app.cfg.msg_burst * FLOOD_FACTOR,
         ),
-        resume_rate: Bucket::new(RESUME_RATE, RESUME_BURST),
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
     // Seen until now: a member connected for longer than the participant retention is not
@@ -472,8 +464,6 @@ struct Conn {
     heard: Instant,
     /// Every client frame: past it, the connection is closed `rate_limited`.
     flood: Bucket,
-    /// Resumes: past it, a resume waits for its turn.
-    resume_rate: Bucket,
 }
 
 enum Flow {
@@ -1049,7 +1039,9 @@ impl Conn {
             }
             ClientMsg::Resume { cursor } => {
                 self.answered();
-                while let Err(ms) = self.resume_rate.admit() {
+                // At the participant's resume rate (`Config::resume_rate`), over its sessions.
+                let key = (self.room.id.clone(), self.me.clone());
+                while let Err(ms) = self.app.resume_limiter.admit(key.clone()) {
                     metrics::counter!("hostlease_resumes_paced_total").increment(1);
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                 }

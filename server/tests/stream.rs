@@ -1254,6 +1254,37 @@ async fn a_burst_of_resumes_is_paced_not_refused() {
     assert!(paced >= 5.0, "paced {paced}:\n{page}");
 }
 
+/// The resume rate is the participant's in a room, over all its sessions (16 sessions of one join
+/// token had 16 times the welcomes, each a log read and up to 1 MiB): a second session's resume
+/// waits once the first spent the burst; another participant's does not.
+#[tokio::test]
+async fn a_participant_s_sessions_share_its_resume_rate() {
+    let srv = start(hostlease_server::Config {
+        resume_rate: 0.001, // a token every 1,000 s: a paced resume is not answered in this test
+        resume_burst: 2.0,
+        ..test_config()
+    })
+    .await;
+    let mut first = srv.raw("shared-resume", "bob", false).await;
+    let mut second = srv.raw("shared-resume", "bob", false).await;
+    let mut carol = srv.raw("shared-resume", "carol", false).await;
+    for r in [&mut first, &mut second, &mut carol] {
+        let _ = ptoken(r).await;
+    }
+    for _ in 0..2 {
+        first.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+        first.until(welcome).await;
+    }
+    carol.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+    carol.until(welcome).await;
+    second.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+    let answered = tokio::time::timeout(Duration::from_secs(2), second.until(welcome)).await;
+    assert!(
+        answered.is_err(),
+        "the second session had a resume rate of its own"
+    );
+}
+
 /// A member's last sighting (which keeps it known for its offline inbox) is written again when
 /// it leaves, not only when it joined: one connected for longer than the retention is not
 /// forgotten the moment it goes.
