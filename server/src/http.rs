@@ -371,13 +371,13 @@ fn join_claims(app: &App, headers: &HeaderMap, room: &RoomId) -> Result<JoinClai
     }
 }
 
-/// The durable inbox of the participant named by a join token for the room (Bearer).
 /// Most entries in one inbox page.
 pub const INBOX_PAGE: i64 = 256;
 /// Most bytes of stored items in one inbox page (one entry at least): past it the page ends and
 /// `next` says where to read on.
 pub const INBOX_PAGE_BYTES: usize = 1024 * 1024;
 
+/// The durable inbox of the participant named by a join token for the room (Bearer).
 async fn inbox(
     State(app): State<Arc<App>>,
     Path(room): Path<String>,

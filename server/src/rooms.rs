@@ -351,6 +351,61 @@ pub fn deliver(to: &Outlet, msg: Direct) {
     }
 }
 
+/// A session's place among its room's members, from its join until [`Seat::vacate`]. A session
+/// task that ends any other way (a panic, or dropped at shutdown) vacates it as it is dropped,
+/// and its departure is announced: no member stays listed, electable and counted against the
+/// room's limits with no session behind it.
+pub struct Seat {
+    room: Arc<Room>,
+    member: Option<Member>,
+    interval: Duration,
+}
+
+impl Seat {
+    /// `member` has joined `room` (is in its members); `interval` is the presence interval.
+    pub fn new(room: Arc<Room>, member: Member, interval: Duration) -> Self {
+        Seat {
+            room,
+            member: Some(member),
+            interval,
+        }
+    }
+
+    /// Takes the member out of the room and gives it back, its departure not yet announced:
+    /// the caller announces it after the grant its leaving makes, if any.
+    pub fn vacate(mut self) -> Option<Member> {
+        let member = self.member.take()?;
+        vacate(
+            &mut self.room.state.lock().expect("room lock"),
+            &member.session,
+        );
+        Some(member)
+    }
+}
+
+fn vacate(st: &mut RoomState, session: &SessionId) {
+    st.members.retain(|m| &m.session != session);
+    st.lapsed.remove(session);
+    st.conns.remove(session);
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        let Some(member) = self.member.take() else {
+            return;
+        };
+        // A lock poisoned by the panic that ended the session: the room is past saving here.
+        let Ok(mut st) = self.room.state.lock() else {
+            return;
+        };
+        vacate(&mut st, &member.session);
+        // Announcing may schedule a batch, a task: only inside the runtime.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.room.announce(&mut st, member, false, self.interval);
+        }
+    }
+}
+
 /// One holder's use of a hub (a session or an in-flight request), from [`App::room`]. Dropping
 /// it releases the hub, so a request future dropped mid-way (its client went away) cannot leave
 /// the hub counted, and so in the map, forever.
@@ -1112,6 +1167,40 @@ mod tests {
                 online: false
             }
         );
+    }
+
+    /// A session task that ends without vacating its seat (a panic) leaves no member behind,
+    /// and its departure goes out; a seat vacated leaves the announcing to its caller.
+    #[tokio::test(start_paused = true)]
+    async fn a_seat_not_vacated_takes_its_member_out_when_dropped() {
+        let hub = Arc::new(Room::new(RoomId::new("v").unwrap(), genesis("v").into()));
+        let mut rx = hub.tx.subscribe();
+        hub.state
+            .lock()
+            .unwrap()
+            .members
+            .extend([member(1), member(2)]);
+        let seat = Seat::new(hub.clone(), member(1), Duration::ZERO);
+        let task = tokio::spawn(async move {
+            let _seat = seat;
+            panic!("a bug in the session");
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        assert_eq!(hub.state.lock().unwrap().members, vec![member(2)]);
+        match rx.try_recv() {
+            Ok(Bcast::Presence { frame }) => assert_eq!(
+                hostlease::protocol::decode_server(&frame).unwrap(),
+                ServerMsg::Presence {
+                    member: member(1),
+                    online: false
+                }
+            ),
+            _ => panic!("no departure announced"),
+        }
+        let seat = Seat::new(hub.clone(), member(2), Duration::ZERO);
+        assert_eq!(seat.vacate(), Some(member(2)));
+        assert!(hub.state.lock().unwrap().members.is_empty());
+        assert!(rx.try_recv().is_err(), "the caller announces");
     }
 
     /// A mass reconnect of a big room within one interval (every member leaves and comes back)

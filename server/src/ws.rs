@@ -376,6 +376,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             return;
         }
     };
+    let seat = crate::rooms::Seat::new(room.hub().clone(), member, presence_interval);
     // Recorded for the offline inbox; the session does not wait for it.
     remember(&app, &room_id, &claims.sub);
     let mut conn = Conn {
@@ -409,12 +410,9 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     // connection only stops renewing (the sweeper reassigns after expiry). The room hears of the
     // departure after the grant, so the new assignment reaches every member first (a snapshot
     // taken in between already lacks the member; the late presence frame changes nothing there).
-    {
-        let mut st = room.state.lock().expect("room lock");
-        st.members.retain(|m| m.session != session);
-        st.lapsed.remove(&session);
-        st.conns.remove(&session);
-    }
+    let Some(member) = seat.vacate() else {
+        return;
+    };
     let mut granted = false;
     if explicit {
         match app
