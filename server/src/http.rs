@@ -337,6 +337,15 @@ async fn command(
     )
     .await;
     drop(hub);
+    if let Outcome::Rejected {
+        code: RejectCode::RateLimited,
+        retry_after_ms: Some(ms),
+        ..
+    } = &outcome
+    {
+        // Over the room's bytes: a 429 with its `Retry-After`, as past the participant's rate.
+        return too_many_requests(*ms, json_body(&outcome));
+    }
     let status = match &outcome {
         Outcome::Accepted { .. } => StatusCode::OK,
         Outcome::Rejected { code, .. } => match code {

@@ -47,6 +47,13 @@ pub struct Config {
     /// Past this a resume waits its turn (the connection stays open).
     pub resume_rate: f64,
     pub resume_burst: f64,
+    /// Payload bytes of commands per room, per second, and burst (at least one payload of the
+    /// largest size). Every event goes to every member, and one that reads slower than its room
+    /// sends holds the room's broadcast frames: this bounds what a room sends. A participant
+    /// command past it is refused `rate_limited`; a host command spends it but is never refused
+    /// by it (participants cannot shut the host out).
+    pub room_bytes_rate: f64,
+    pub room_bytes_burst: f64,
     /// HTTP requests per second per client address, and burst.
     pub http_rate: f64,
     pub http_burst: f64,
@@ -99,6 +106,8 @@ impl Default for Config {
             msg_burst: 100.0,
             resume_rate: 2.0,
             resume_burst: 10.0,
+            room_bytes_rate: 1024.0 * 1024.0,
+            room_bytes_burst: 4.0 * 1024.0 * 1024.0,
             http_rate: 50.0,
             http_burst: 100.0,
             participant_token_ms: 600_000,

@@ -93,6 +93,18 @@ impl Bucket {
         Err((1000.0 * (f64::from(self.refused) - self.tokens) / self.rate).ceil() as u64)
     }
 
+    /// Takes `n` tokens, or says in how many milliseconds there will be as many (taking none).
+    /// `always`: taken even past what the bucket holds, a debt repaid at the rate before anything
+    /// else gets through.
+    pub fn spend(&mut self, n: f64, always: bool) -> Result<(), u64> {
+        self.refill(Instant::now());
+        if always || self.tokens >= n {
+            self.tokens -= n;
+            return Ok(());
+        }
+        Err((1000.0 * (n - self.tokens) / self.rate).ceil() as u64)
+    }
+
     pub fn take(&mut self) -> bool {
         self.refill(Instant::now());
         if self.tokens >= 1.0 {
@@ -138,6 +150,15 @@ impl<K: Hash + Eq> Limiter<K> {
     /// Takes a token from `key`'s bucket, or says in how many milliseconds to try again
     /// ([`Bucket::admit`]).
     pub fn admit(&self, key: K) -> Result<(), u64> {
+        self.bucket(key, Bucket::admit)
+    }
+
+    /// Takes `n` tokens from `key`'s bucket ([`Bucket::spend`]).
+    pub fn spend(&self, key: K, n: f64, always: bool) -> Result<(), u64> {
+        self.bucket(key, |b| b.spend(n, always))
+    }
+
+    fn bucket<T>(&self, key: K, f: impl FnOnce(&mut Bucket) -> T) -> T {
         let mut map = self.buckets.lock().expect("limiter lock");
         if map.len() >= MAX_BUCKETS {
             // Buckets refilled to the brim are no different from new ones; only if that frees
@@ -148,9 +169,9 @@ impl<K: Hash + Eq> Limiter<K> {
                 map.clear();
             }
         }
-        map.entry(key)
-            .or_insert_with(|| Bucket::new(self.rate, self.burst))
-            .admit()
+        f(map
+            .entry(key)
+            .or_insert_with(|| Bucket::new(self.rate, self.burst)))
     }
 }
 
@@ -183,6 +204,19 @@ mod tests {
         }
         assert!(l.admit(u32::MAX).is_ok());
         assert_eq!(l.buckets.lock().unwrap().len(), 1);
+    }
+
+    /// Bytes, not tokens: what does not fit waits as long as the missing part takes to refill,
+    /// and a spend that must go through leaves a debt that holds up the others.
+    #[test]
+    fn a_spend_past_the_bucket_waits_for_the_difference_or_goes_into_debt() {
+        let mut b = Bucket::new(1000.0, 10_000.0);
+        assert!(b.spend(6_000.0, false).is_ok());
+        let wait = b.spend(6_000.0, false).unwrap_err();
+        assert!((1_900..=2_000).contains(&wait), "{wait}");
+        assert!(b.spend(6_000.0, true).is_ok());
+        let wait = b.spend(1.0, false).unwrap_err();
+        assert!((1_900..=2_001).contains(&wait), "{wait}");
     }
 
     #[test]

@@ -140,6 +140,11 @@ struct ServeArgs {
     /// four times it on one connection close that connection.
     #[arg(long, env = "HOSTLEASE_MSG_RATE", default_value_t = 50.0)]
     msg_rate: f64,
+    /// Payload bytes of commands per second per room (burst is four times this): a participant
+    /// command past it is refused `rate_limited` with a retry time; host commands are never
+    /// refused by it.
+    #[arg(long, env = "HOSTLEASE_ROOM_BYTES_RATE", default_value_t = 1024.0 * 1024.0)]
+    room_bytes_rate: f64,
     /// A session the server has sent nothing for this long gets a heartbeat, and one it has heard
     /// nothing from (not even the pong its browser sends for a ping) for three times this is
     /// given up (1..=15000 ms; the SDK presumes a server silent for 20 s gone).
@@ -308,6 +313,8 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             max_sockets_per_address: a.max_sockets_per_address,
             msg_rate: a.msg_rate,
             msg_burst: a.msg_rate * 2.0,
+            room_bytes_rate: a.room_bytes_rate,
+            room_bytes_burst: a.room_bytes_rate * 4.0,
             http_rate: a.http_rate,
             http_burst: a.http_rate * 2.0,
             sweep_ms: a.sweep_ms,

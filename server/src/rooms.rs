@@ -461,6 +461,8 @@ pub struct App {
     /// Resumes per participant in a room, likewise: 16 sessions of one join token do not get
     /// 16 times the welcomes.
     pub resume_limiter: Limiter<(RoomId, ParticipantId)>,
+    /// Command payload bytes per room (`Config::room_bytes_rate`).
+    pub room_bytes: Limiter<RoomId>,
     /// The kicks made through this process that the sweeper has not read yet. Held from
     /// recording a kick until its sessions here are closed, and by the sweeper while it reads the
     /// kicks recorded: the sweeper sees a kick made here only once it is applied, so the kick's
@@ -481,6 +483,12 @@ impl App {
         let http_limiter = Limiter::new(cfg.http_rate, cfg.http_burst);
         let command_limiter = Limiter::new(cfg.msg_rate, cfg.msg_burst);
         let resume_limiter = Limiter::new(cfg.resume_rate, cfg.resume_burst);
+        // One payload of the largest size always fits.
+        let room_bytes = Limiter::new(
+            cfg.room_bytes_rate.max(1.0),
+            cfg.room_bytes_burst
+                .max(hostlease::protocol::codec::MAX_CLIENT_PAYLOAD as f64),
+        );
         Arc::new(Self {
             cfg,
             store,
@@ -496,6 +504,7 @@ impl App {
             http_limiter,
             command_limiter,
             resume_limiter,
+            room_bytes,
             kicking: tokio::sync::Mutex::new(HashSet::new()),
         })
     }

@@ -1188,7 +1188,8 @@ pub fn command(
     let decided = tokio::spawn(async move {
         let (pending, old_host) = match queued {
             Ok(q) => q,
-            Err(code) => return reject(&room, code),
+            Err(Refused::Rate(ms)) => return rate_limited(ms),
+            Err(Refused::Code(code)) => return reject(&room, code),
         };
         match pending.await {
             Ok(done) => {
@@ -1277,13 +1278,26 @@ fn reject(room: &Room, code: RejectCode) -> Outcome {
     }
 }
 
+/// Why a command was refused before the store saw it.
+enum Refused {
+    Code(RejectCode),
+    /// Over the room's bytes: `rate_limited`, to be tried again after this many ms.
+    Rate(u64),
+}
+
+impl From<RejectCode> for Refused {
+    fn from(code: RejectCode) -> Self {
+        Refused::Code(code)
+    }
+}
+
 /// The checks that need no store, then the command queued with the store. Returns the pending
 /// decision and, for resign/transfer, the host it replaces (the sender, if it is accepted).
 fn queue_command(
     app: &Arc<App>,
     room: &Arc<Room>,
     cmd: Incoming<'_>,
-) -> Result<(Pending<CommandDone>, Option<ParticipantId>), RejectCode> {
+) -> Result<(Pending<CommandDone>, Option<ParticipantId>), Refused> {
     let Incoming {
         sender,
         capability,
@@ -1303,7 +1317,7 @@ fn queue_command(
     // frames wrapping it (a welcome's replay, an inbox page) would pass the JSON reader's depth
     // limit, and every client resuming past it would fail to decode its welcome.
     if payload.as_str().len() > MAX_CLIENT_PAYLOAD || payload.depth() > MAX_PAYLOAD_DEPTH {
-        return Err(RejectCode::BadRequest);
+        return Err(RejectCode::BadRequest.into());
     }
     let kind = if action.as_str() == ACTION_RESIGN || action.as_str() == ACTION_TRANSFER {
         ActionKind::Host
@@ -1313,6 +1327,15 @@ fn queue_command(
             .kind(&action)
             .ok_or(RejectCode::ActionNotGranted)?
     };
+    // The room's payload bytes (`Config::room_bytes_rate`): every event goes to every member.
+    // A host command spends them but is never refused by them.
+    app.room_bytes
+        .spend(
+            room.id.clone(),
+            payload.as_str().len() as f64,
+            kind == ActionKind::Host,
+        )
+        .map_err(Refused::Rate)?;
     // A transfer to no one present is refused, but only after the store has looked for an
     // earlier outcome under this key: a retry of an accepted transfer whose target has left
     // since gets that outcome again.

@@ -1285,6 +1285,75 @@ async fn a_participant_s_sessions_share_its_resume_rate() {
     );
 }
 
+/// A room's command payload bytes are bounded (`room_bytes_rate`): every event goes to every
+/// member. Participants past them are refused `rate_limited` with a retry time, over WebSocket
+/// and over HTTP (429, `Retry-After`); the host's commands still go through; another room is
+/// not held up.
+#[tokio::test]
+async fn a_room_s_payload_bytes_are_bounded_but_never_shut_the_host_out() {
+    let srv = start(hostlease_server::Config {
+        room_bytes_rate: 1.0,
+        room_bytes_burst: 120_000.0,
+        ..test_config()
+    })
+    .await;
+    let big = |id: &str| serde_json::json!({ "id": id, "text": "x".repeat(50_000) });
+    let mut alice = srv.raw("bytes", "alice", true).await;
+    alice.until_host().await;
+    let (epoch, host_cap) = alice.host_capability().unwrap();
+    let mut bob = srv.raw("bytes", "bob", false).await;
+    let mut carol = srv.raw("bytes", "carol", false).await;
+    let (pb, pc) = (ptoken(&mut bob).await, ptoken(&mut carol).await);
+    bob.send(&vote_frame(&pb, "b0", big("b0"))).await;
+    assert!(matches!(
+        result_of(&mut bob, "b0").await,
+        Outcome::Accepted { .. }
+    ));
+    carol.send(&vote_frame(&pc, "c0", big("c0"))).await;
+    assert!(matches!(
+        result_of(&mut carol, "c0").await,
+        Outcome::Accepted { .. }
+    ));
+    // 100 kB of the 120 kB spent: the next 50 kB waits.
+    carol.send(&vote_frame(&pc, "c1", big("c1"))).await;
+    let o = result_of(&mut carol, "c1").await;
+    assert!(
+        matches!(
+            o,
+            Outcome::Rejected {
+                code: RejectCode::RateLimited,
+                retry_after_ms: Some(ms),
+                ..
+            } if ms > 1_000
+        ),
+        "{o:?}"
+    );
+    // The host's command goes through all the same.
+    alice
+        .send(&ClientMsg::Command {
+            id: IdempotencyKey::new("open").unwrap(),
+            action: Action::new("poll.open").unwrap(),
+            payload: big("open").into(),
+            epoch,
+            capability: host_cap,
+        })
+        .await;
+    let o = result_of(&mut alice, "open").await;
+    assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+    // Over HTTP too, even a small one now (the host's went into the room's debt).
+    let r = post_vote(&srv, "bytes", pb.expose(), "h0").await;
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    // Another room has bytes of its own.
+    let mut dan = srv.raw("other-bytes", "dan", false).await;
+    let pd = ptoken(&mut dan).await;
+    dan.send(&vote_frame(&pd, "d0", big("d0"))).await;
+    assert!(matches!(
+        result_of(&mut dan, "d0").await,
+        Outcome::Accepted { .. }
+    ));
+}
+
 /// A member's last sighting (which keeps it known for its offline inbox) is written again when
 /// it leaves, not only when it joined: one connected for longer than the retention is not
 /// forgotten the moment it goes.
