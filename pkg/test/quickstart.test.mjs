@@ -9,6 +9,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
+import { once } from "node:events";
 import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -155,9 +156,10 @@ test("the README's quick start in a fresh Vite app: a host, its poll, and a new 
   await bob.ctx.close();
 });
 
-// A newcomer's next step is `npm run dev`: Vite's dev server pre-bundles dependencies into
-// node_modules/.vite, where the glue's `new URL("hostlease_bg.wasm", import.meta.url)` must still
-// find the .wasm (no plugin, no `optimizeDeps` setting).
+// A newcomer's next step is `npm run dev`: Vite's dev server serves the app's modules and
+// pre-bundles its dependencies, and the glue's `new URL("hostlease_bg.wasm", import.meta.url)`
+// must still find the .wasm (no plugin, no `optimizeDeps` setting). After the test above, which
+// leaves room "lunch" empty: the tab joining it becomes host.
 test("the same app in Vite's dev server: the .wasm loads and the tab becomes host", async () => {
   // The dev server serves main.js as it is on disk: the quick start now dials hostlease-server.
   const main = await readFile(join(app, "main.js"), "utf8");
@@ -171,7 +173,7 @@ test("the same app in Vite's dev server: the .wasm loads and the tab becomes hos
   vite.stderr.on("data", (d) => out.push(String(d)));
   try {
     const base = `http://127.0.0.1:${port}`;
-    await until("Vite's dev server answers", async () => (await fetch(base).catch(() => null))?.ok);
+    await until("Vite's dev server answers", async () => (await fetch(base, { signal: AbortSignal.timeout(2_000) }).catch(() => null))?.ok);
     const cat = await tab("cat", base);
     // A page error (the .wasm not found) ends the wait, and the assertion below shows it.
     await until("cat is host", () => lastHost(cat)?.host === "cat" || cat.errors.length > 0);
@@ -180,7 +182,10 @@ test("the same app in Vite's dev server: the .wasm loads and the tab becomes hos
     assert.ok(await cat.page.evaluate(() => [...document.scripts].some((s) => s.src.endsWith("/@vite/client"))));
     await cat.ctx.close();
   } finally {
-    vite.kill();
+    if (vite.exitCode === null) {
+      vite.kill();
+      await once(vite, "exit");
+    }
   }
 });
 

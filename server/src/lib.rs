@@ -41,17 +41,12 @@ pub struct Config {
     /// any kind past four times it on one connection close that connection (a flood).
     pub msg_rate: f64,
     pub msg_burst: f64,
-    /// Resumes per participant in a room (its sessions share it), per second, and burst. Each
-    /// costs a log read, a welcome of up to 1 MiB of replay and a signed token; the SDK sends one
-    /// at a time (after a gap, or a wake: a tab shown again), each after the last one's welcome.
-    /// Past this a resume waits its turn (the connection stays open).
-    pub resume_rate: f64,
-    pub resume_burst: f64,
-    /// Payload bytes of commands per room, per second, and burst (at least one payload of the
-    /// largest size). Every event goes to every member, and one that reads slower than its room
-    /// sends holds the room's broadcast frames: this bounds what a room sends. A participant
-    /// command past it is refused `rate_limited`; a host command spends it but is never refused
-    /// by it (participants cannot shut the host out).
+    /// Payload bytes of participants' commands per room (per process), per second, and burst (at
+    /// least one payload of the largest size). Every event goes to every member, and one that
+    /// reads slower than its room sends holds the room's broadcast frames: this bounds what a
+    /// room's participants make it send. A command past it is refused `rate_limited`; commands
+    /// with a host capability are not charged (participants cannot shut the host out; the host
+    /// has its command rate), and a command the store refuses or replays is given back.
     pub room_bytes_rate: f64,
     pub room_bytes_burst: f64,
     /// HTTP requests per second per client address, and burst.
@@ -104,8 +99,6 @@ impl Default for Config {
             max_sockets_per_address: 1000,
             msg_rate: 50.0,
             msg_burst: 100.0,
-            resume_rate: 2.0,
-            resume_burst: 10.0,
             room_bytes_rate: 1024.0 * 1024.0,
             room_bytes_burst: 4.0 * 1024.0 * 1024.0,
             http_rate: 50.0,

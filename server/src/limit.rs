@@ -94,15 +94,18 @@ impl Bucket {
     }
 
     /// Takes `n` tokens, or says in how many milliseconds there will be as many (taking none).
-    /// `always`: taken even past what the bucket holds, a debt repaid at the rate before anything
-    /// else gets through.
-    pub fn spend(&mut self, n: f64, always: bool) -> Result<(), u64> {
+    pub fn spend(&mut self, n: f64) -> Result<(), u64> {
         self.refill(Instant::now());
-        if always || self.tokens >= n {
+        if self.tokens >= n {
             self.tokens -= n;
             return Ok(());
         }
         Err((1000.0 * (n - self.tokens) / self.rate).ceil() as u64)
+    }
+
+    /// Gives back `n` tokens spent on something that did not happen after all.
+    fn refund(&mut self, n: f64) {
+        self.tokens = (self.tokens + n).min(self.burst);
     }
 
     pub fn take(&mut self) -> bool {
@@ -154,8 +157,13 @@ impl<K: Hash + Eq> Limiter<K> {
     }
 
     /// Takes `n` tokens from `key`'s bucket ([`Bucket::spend`]).
-    pub fn spend(&self, key: K, n: f64, always: bool) -> Result<(), u64> {
-        self.bucket(key, |b| b.spend(n, always))
+    pub fn spend(&self, key: K, n: f64) -> Result<(), u64> {
+        self.bucket(key, |b| b.spend(n))
+    }
+
+    /// Gives back `n` tokens to `key`'s bucket.
+    pub fn refund(&self, key: K, n: f64) {
+        self.bucket(key, |b| b.refund(n))
     }
 
     fn bucket<T>(&self, key: K, f: impl FnOnce(&mut Bucket) -> T) -> T {
@@ -206,17 +214,18 @@ mod tests {
         assert_eq!(l.buckets.lock().unwrap().len(), 1);
     }
 
-    /// Bytes, not tokens: what does not fit waits as long as the missing part takes to refill,
-    /// and a spend that must go through leaves a debt that holds up the others.
+    /// Bytes, not tokens: what does not fit waits as long as the missing part takes to refill
+    /// (taking nothing), and a refund gives back what was spent, never past the burst.
     #[test]
-    fn a_spend_past_the_bucket_waits_for_the_difference_or_goes_into_debt() {
+    fn a_spend_past_the_bucket_waits_for_the_difference_and_a_refund_gives_it_back() {
         let mut b = Bucket::new(1000.0, 10_000.0);
-        assert!(b.spend(6_000.0, false).is_ok());
-        let wait = b.spend(6_000.0, false).unwrap_err();
+        assert!(b.spend(6_000.0).is_ok());
+        let wait = b.spend(6_000.0).unwrap_err();
         assert!((1_900..=2_000).contains(&wait), "{wait}");
-        assert!(b.spend(6_000.0, true).is_ok());
-        let wait = b.spend(1.0, false).unwrap_err();
-        assert!((1_900..=2_001).contains(&wait), "{wait}");
+        b.refund(6_000.0);
+        assert!(b.spend(10_000.0).is_ok());
+        b.refund(20_000.0);
+        assert!(b.spend(10_001.0).is_err(), "refunded past the burst");
     }
 
     #[test]

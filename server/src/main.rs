@@ -140,9 +140,9 @@ struct ServeArgs {
     /// four times it on one connection close that connection.
     #[arg(long, env = "HOSTLEASE_MSG_RATE", default_value_t = 50.0)]
     msg_rate: f64,
-    /// Payload bytes of commands per second per room (burst is four times this): a participant
-    /// command past it is refused `rate_limited` with a retry time; host commands are never
-    /// refused by it.
+    /// Payload bytes of participants' commands per second per room (burst is four times this):
+    /// a command past it is refused `rate_limited` with a retry time; commands with a host
+    /// capability are not charged.
     #[arg(long, env = "HOSTLEASE_ROOM_BYTES_RATE", default_value_t = 1024.0 * 1024.0)]
     room_bytes_rate: f64,
     /// A session the server has sent nothing for this long gets a heartbeat, and one it has heard
@@ -300,6 +300,10 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             return Err("no key to verify join tokens with: pass --app-key <file> (from `keygen`), \
                         --app-public-key kid:x, or --dev"
                 .into());
+        }
+        // Not a number, 0 or less would refuse every participant command (or none at all).
+        if !(a.room_bytes_rate > 0.0 && a.room_bytes_rate.is_finite()) {
+            return Err("--room-bytes-rate must be a number of bytes per second above 0".into());
         }
         let cfg = Config {
             lease_ms: a.lease_ms.max(30),

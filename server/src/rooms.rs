@@ -351,13 +351,16 @@ pub fn deliver(to: &Outlet, msg: Direct) {
     }
 }
 
-/// A session's place among its room's members, from its join until [`Seat::vacate`]. A session
-/// task that ends any other way (a panic, or dropped at shutdown) vacates it as it is dropped,
-/// and its departure is announced: no member stays listed, electable and counted against the
-/// room's limits with no session behind it.
+/// A session's place among its room's members, from its join until its departure is announced
+/// ([`Seat::vacate`], then [`Seat::announce_gone`]). A session task that ends any other way (a
+/// panic, or dropped at shutdown) vacates it and announces the departure as the seat is dropped:
+/// no member stays listed, electable and counted against the room's limits with no session
+/// behind it, nor listed by the others.
 pub struct Seat {
     room: Arc<Room>,
     member: Option<Member>,
+    /// Still among the room's members.
+    seated: bool,
     interval: Duration,
 }
 
@@ -367,19 +370,32 @@ impl Seat {
         Seat {
             room,
             member: Some(member),
+            seated: true,
             interval,
         }
     }
 
-    /// Takes the member out of the room and gives it back, its departure not yet announced:
-    /// the caller announces it after the grant its leaving makes, if any.
-    pub fn vacate(mut self) -> Option<Member> {
-        let member = self.member.take()?;
-        vacate(
-            &mut self.room.state.lock().expect("room lock"),
-            &member.session,
-        );
-        Some(member)
+    /// Takes the member out of the room, its departure not announced yet.
+    pub fn vacate(&mut self) {
+        if let (true, Some(m)) = (std::mem::take(&mut self.seated), &self.member) {
+            vacate(&mut self.room.state.lock().expect("room lock"), &m.session);
+        }
+    }
+
+    /// Announces the departure; `after_grant`: after the grant the leaving made, which has
+    /// been published (see [`Room::announce_after_grant`]).
+    pub fn announce_gone(mut self, after_grant: bool) {
+        self.vacate();
+        let Some(member) = self.member.take() else {
+            return;
+        };
+        let mut st = self.room.state.lock().expect("room lock");
+        if after_grant {
+            self.room
+                .announce_after_grant(&mut st, member, self.interval);
+        } else {
+            self.room.announce(&mut st, member, false, self.interval);
+        }
     }
 }
 
@@ -398,7 +414,9 @@ impl Drop for Seat {
         let Ok(mut st) = self.room.state.lock() else {
             return;
         };
-        vacate(&mut st, &member.session);
+        if self.seated {
+            vacate(&mut st, &member.session);
+        }
         // Announcing may schedule a batch, a task: only inside the runtime.
         if tokio::runtime::Handle::try_current().is_ok() {
             self.room.announce(&mut st, member, false, self.interval);
@@ -458,9 +476,6 @@ pub struct App {
     /// Commands per participant in a room, over every WebSocket session it has and HTTP
     /// together: a join token opening more sockets, or reconnecting, gets no more through.
     pub command_limiter: Limiter<(RoomId, ParticipantId)>,
-    /// Resumes per participant in a room, likewise: 16 sessions of one join token do not get
-    /// 16 times the welcomes.
-    pub resume_limiter: Limiter<(RoomId, ParticipantId)>,
     /// Command payload bytes per room (`Config::room_bytes_rate`).
     pub room_bytes: Limiter<RoomId>,
     /// The kicks made through this process that the sweeper has not read yet. Held from
@@ -482,7 +497,6 @@ impl App {
         let cap_keys = Verifier::from_keys(&[keys.public()]).expect("own key is valid");
         let http_limiter = Limiter::new(cfg.http_rate, cfg.http_burst);
         let command_limiter = Limiter::new(cfg.msg_rate, cfg.msg_burst);
-        let resume_limiter = Limiter::new(cfg.resume_rate, cfg.resume_burst);
         // One payload of the largest size always fits.
         let room_bytes = Limiter::new(
             cfg.room_bytes_rate.max(1.0),
@@ -503,7 +517,6 @@ impl App {
             metrics: crate::http::metrics_handle(),
             http_limiter,
             command_limiter,
-            resume_limiter,
             room_bytes,
             kicking: tokio::sync::Mutex::new(HashSet::new()),
         })
@@ -1179,7 +1192,7 @@ mod tests {
     }
 
     /// A session task that ends without vacating its seat (a panic) leaves no member behind,
-    /// and its departure goes out; a seat vacated leaves the announcing to its caller.
+    /// and its departure goes out; a seat vacated is announced when told, or when dropped.
     #[tokio::test(start_paused = true)]
     async fn a_seat_not_vacated_takes_its_member_out_when_dropped() {
         let hub = Arc::new(Room::new(RoomId::new("v").unwrap(), genesis("v").into()));
@@ -1189,6 +1202,14 @@ mod tests {
             .unwrap()
             .members
             .extend([member(1), member(2)]);
+        let gone = |b: Result<Bcast, _>| match b {
+            Ok(Bcast::Presence { frame }) => hostlease::protocol::decode_server(&frame).unwrap(),
+            _ => panic!("no departure announced"),
+        };
+        let left = |i| ServerMsg::Presence {
+            member: member(i),
+            online: false,
+        };
         let seat = Seat::new(hub.clone(), member(1), Duration::ZERO);
         let task = tokio::spawn(async move {
             let _seat = seat;
@@ -1196,20 +1217,19 @@ mod tests {
         });
         assert!(task.await.unwrap_err().is_panic());
         assert_eq!(hub.state.lock().unwrap().members, vec![member(2)]);
-        match rx.try_recv() {
-            Ok(Bcast::Presence { frame }) => assert_eq!(
-                hostlease::protocol::decode_server(&frame).unwrap(),
-                ServerMsg::Presence {
-                    member: member(1),
-                    online: false
-                }
-            ),
-            _ => panic!("no departure announced"),
-        }
-        let seat = Seat::new(hub.clone(), member(2), Duration::ZERO);
-        assert_eq!(seat.vacate(), Some(member(2)));
+        assert_eq!(gone(rx.try_recv()), left(1));
+        let mut seat = Seat::new(hub.clone(), member(2), Duration::ZERO);
+        seat.vacate();
         assert!(hub.state.lock().unwrap().members.is_empty());
-        assert!(rx.try_recv().is_err(), "the caller announces");
+        assert!(rx.try_recv().is_err(), "announced when told");
+        seat.announce_gone(false);
+        assert_eq!(gone(rx.try_recv()), left(2));
+        // Vacated, then the task ends before announcing (dropped while waiting for a grant).
+        hub.state.lock().unwrap().members.push(member(3));
+        let mut seat = Seat::new(hub.clone(), member(3), Duration::ZERO);
+        seat.vacate();
+        drop(seat);
+        assert_eq!(gone(rx.try_recv()), left(3));
     }
 
     /// A mass reconnect of a big room within one interval (every member leaves and comes back)

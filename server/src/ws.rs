@@ -202,6 +202,15 @@ fn decode_error_code(e: &DecodeError) -> ErrorCode {
 /// a flood. Commands beyond the rate itself are refused one by one (`Bucket::admit`).
 const FLOOD_FACTOR: f64 = 4.0;
 
+/// Resumes per second per connection, and burst. Each costs a log read, a welcome of up to
+/// 1 MiB of replay and a signed token; the SDK sends one at a time (after a gap, or a wake: a
+/// tab shown again), each after the last one's welcome. Past this a resume waits its turn (the
+/// connection stays open; a client that sends a burst gets its welcomes at this rate). Per
+/// connection, not per participant: the wait holds up the session's loop (its probes and
+/// echoes), which another tab of the same participant must not be able to cause.
+const RESUME_RATE: f64 = 2.0;
+const RESUME_BURST: f64 = 10.0;
+
 fn random_session() -> SessionId {
     let mut b = [0u8; 12];
     getrandom::fill(&mut b).expect("random source");
@@ -397,6 +406,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             app.cfg.msg_rate * FLOOD_FACTOR,
             app.cfg.msg_burst * FLOOD_FACTOR,
         ),
+        resume_rate: Bucket::new(RESUME_RATE, RESUME_BURST),
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
     // Seen until now: a member connected for longer than the participant retention is not
@@ -410,9 +420,8 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     // connection only stops renewing (the sweeper reassigns after expiry). The room hears of the
     // departure after the grant, so the new assignment reaches every member first (a snapshot
     // taken in between already lacks the member; the late presence frame changes nothing there).
-    let Some(member) = seat.vacate() else {
-        return;
-    };
+    let mut seat = seat;
+    seat.vacate();
     let mut granted = false;
     if explicit {
         match app
@@ -424,14 +433,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             Err(e) => tracing::warn!(error = %e, "replace host failed"),
         }
     }
-    {
-        let mut st = room.state.lock().expect("room lock");
-        if granted {
-            room.announce_after_grant(&mut st, member, presence_interval);
-        } else {
-            room.announce(&mut st, member, false, presence_interval);
-        }
-    }
+    seat.announce_gone(granted);
     // `room` (the held hub) is released here, as on every earlier return.
 }
 
@@ -462,6 +464,8 @@ struct Conn {
     heard: Instant,
     /// Every client frame: past it, the connection is closed `rate_limited`.
     flood: Bucket,
+    /// Resumes: past it, a resume waits for its turn.
+    resume_rate: Bucket,
 }
 
 enum Flow {
@@ -1037,9 +1041,7 @@ impl Conn {
             }
             ClientMsg::Resume { cursor } => {
                 self.answered();
-                // At the participant's resume rate (`Config::resume_rate`), over its sessions.
-                let key = (self.room.id.clone(), self.me.clone());
-                while let Err(ms) = self.app.resume_limiter.admit(key.clone()) {
+                while let Err(ms) = self.resume_rate.admit() {
                     metrics::counter!("hostlease_resumes_paced_total").increment(1);
                     tokio::time::sleep(Duration::from_millis(ms)).await;
                 }
@@ -1140,7 +1142,8 @@ impl Conn {
     }
 }
 
-/// A command refused for its participant's command rate (counted), to retry after `ms`.
+/// A command refused for a rate (its participant's commands, or its room's payload bytes;
+/// counted), to retry after `ms`.
 pub(crate) fn rate_limited(ms: u64) -> Outcome {
     metrics::counter!("hostlease_commands_total", "result" => RejectCode::RateLimited.as_str())
         .increment(1);
@@ -1186,13 +1189,17 @@ pub fn command(
     let (app, room) = (app.clone(), room.clone());
     let current_room = room.clone();
     let decided = tokio::spawn(async move {
-        let (pending, old_host) = match queued {
+        let (pending, old_host, charged) = match queued {
             Ok(q) => q,
             Err(Refused::Rate(ms)) => return rate_limited(ms),
             Err(Refused::Code(code)) => return reject(&room, code),
         };
         match pending.await {
             Ok(done) => {
+                if done.replayed || matches!(done.outcome, Outcome::Rejected { .. }) {
+                    // Nothing new for the room to send: its bytes are given back.
+                    app.room_bytes.refund(room.id.clone(), charged);
+                }
                 if let Outcome::Rejected {
                     current: Some(cur), ..
                 } = &done.outcome
@@ -1219,6 +1226,7 @@ pub fn command(
                 done.outcome
             }
             Err(e) => {
+                app.room_bytes.refund(room.id.clone(), charged);
                 // A full queue is counted (`hostlease_store_busy_total`), not logged per command.
                 if e.0 != crate::store::STORE_BUSY {
                     tracing::warn!(error = %e, "command failed in store");
@@ -1292,12 +1300,14 @@ impl From<RejectCode> for Refused {
 }
 
 /// The checks that need no store, then the command queued with the store. Returns the pending
-/// decision and, for resign/transfer, the host it replaces (the sender, if it is accepted).
+/// decision, for resign/transfer the host it replaces (the sender, if it is accepted), and the
+/// room bytes it was charged.
+#[allow(clippy::type_complexity)]
 fn queue_command(
     app: &Arc<App>,
     room: &Arc<Room>,
     cmd: Incoming<'_>,
-) -> Result<(Pending<CommandDone>, Option<ParticipantId>), Refused> {
+) -> Result<(Pending<CommandDone>, Option<ParticipantId>, f64), Refused> {
     let Incoming {
         sender,
         capability,
@@ -1328,13 +1338,16 @@ fn queue_command(
             .ok_or(RejectCode::ActionNotGranted)?
     };
     // The room's payload bytes (`Config::room_bytes_rate`): every event goes to every member.
-    // A host command spends them but is never refused by them.
+    // Not charged to a host capability (participants cannot shut the host out; the host has its
+    // command rate), nor to an expired one (refused by the store, or a replay of its first
+    // outcome); given back when the store refuses the command or replays it.
+    let charged = if claims.role == Role::Host || claims.exp <= crate::tokens::now_ms() {
+        0.0
+    } else {
+        payload.as_str().len() as f64
+    };
     app.room_bytes
-        .spend(
-            room.id.clone(),
-            payload.as_str().len() as f64,
-            kind == ActionKind::Host,
-        )
+        .spend(room.id.clone(), charged)
         .map_err(Refused::Rate)?;
     // A transfer to no one present is refused, but only after the store has looked for an
     // earlier outcome under this key: a retry of an accepted transfer whose target has left
@@ -1378,7 +1391,7 @@ fn queue_command(
         refuse,
         lease_ms: app.cfg.lease_ms,
     };
-    Ok((app.store.command(req, &app.keys), old_host))
+    Ok((app.store.command(req, &app.keys), old_host, charged))
 }
 
 #[cfg(test)]

@@ -341,6 +341,16 @@ fn cli_keygen_token_and_graceful_shutdown() {
         assert!(!dir.path().join("actions.db").exists(), "{err}");
     }
 
+    // A room byte rate of 0, less, or not a number would refuse every participant command.
+    for rate in ["0", "-5", "NaN"] {
+        let err = refused_at_start(
+            serve("bytes")
+                .arg("--dev")
+                .arg(format!("--room-bytes-rate={rate}")),
+        );
+        assert!(err.contains("--room-bytes-rate must be"), "{err}");
+    }
+
     // SIGTERM: the server exits cleanly.
     std::fs::copy(&key, dir.path().join("app-key.json")).unwrap();
     let db = format!("sqlite://{}", dir.path().join("s.db").display());
