@@ -1,10 +1,10 @@
 // The README's quick start, as a newcomer would run it: the package packed with `npm pack`,
 // installed into a fresh Vite app (its README and licence texts checked), the quick-start block
 // copied from README.md into its main.js, built by Vite and served by the real hostlease-server
-// (`--dev --www`), and served by Vite's dev server too (`npm run dev`), in headless Chromium (playwright-core, Debian's browser), inside the
-// loopback-only network namespace of `cargo xtask test`. The test plays the app's backend: it
-// answers `/join-token` with a token minted by the server's dev endpoint. Waits are for
-// conditions, with generous bounds.
+// (`--dev --www`), and served by Vite's dev server too (`npm run dev`), in headless Chromium
+// (playwright-core, Debian's browser), inside the loopback-only network namespace of `cargo
+// xtask test`. The test plays the app's backend: it answers `/join-token` with a token minted by
+// the server's dev endpoint. Waits are for conditions, with generous bounds.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";

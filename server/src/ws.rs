@@ -385,7 +385,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             return;
         }
     };
-    let seat = crate::rooms::Seat::new(room.hub().clone(), member, presence_interval);
+    let mut seat = crate::rooms::Seat::new(room.hub().clone(), member, presence_interval);
     // Recorded for the offline inbox; the session does not wait for it.
     remember(&app, &room_id, &claims.sub);
     let mut conn = Conn {
@@ -420,7 +420,6 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     // connection only stops renewing (the sweeper reassigns after expiry). The room hears of the
     // departure after the grant, so the new assignment reaches every member first (a snapshot
     // taken in between already lacks the member; the late presence frame changes nothing there).
-    let mut seat = seat;
     seat.vacate();
     let mut granted = false;
     if explicit {
