@@ -301,9 +301,19 @@ fn serve(a: ServeArgs) -> Result<(), String> {
                         --app-public-key kid:x, or --dev"
                 .into());
         }
-        // Not a number, 0 or less would refuse every participant command (or none at all).
-        if !(a.room_bytes_rate > 0.0 && a.room_bytes_rate.is_finite()) {
-            return Err("--room-bytes-rate must be a number of bytes per second above 0".into());
+        // Not a number, 0 or less would refuse every participant command (or none at all); a
+        // burst below one command or request would refuse every one of them, and a flood
+        // bucket below one frame (four times the command rate) would close every session.
+        for (flag, rate, unit, least) in [
+            ("--room-bytes-rate", a.room_bytes_rate, "bytes", 1.0),
+            ("--msg-rate", a.msg_rate, "commands", 0.5),
+            ("--http-rate", a.http_rate, "requests", 0.5),
+        ] {
+            if !(rate >= least && rate.is_finite()) {
+                return Err(format!(
+                    "{flag} must be a number of {unit} per second, at least {least}"
+                ));
+            }
         }
         let cfg = Config {
             lease_ms: a.lease_ms.max(30),

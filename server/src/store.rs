@@ -592,12 +592,8 @@ async fn command_in_tx(
     } else {
         RejectCode::BadCapability
     };
-    if let Some(s) = &req.sender_session {
-        if s != &c.sid {
-            return Ok((reject(refused_token), false));
-        }
-    }
-    // Idempotency: scoped to (room, sub), shared by both transports.
+    // Idempotency: scoped to (room, sub), shared by both transports; looked up before anything
+    // else can refuse, so a retry gets its first outcome again.
     let prior: Option<(String, String)> = sqlx::query_as(
         "SELECT request_hash, outcome FROM idempotency WHERE room = ? AND sub = ? AND key = ?",
     )
@@ -620,8 +616,13 @@ async fn command_in_tx(
             false,
         ));
     }
-    if let Some(code) = req.refuse {
-        return Ok((reject(code), false));
+    // A token of another session of the same participant: a retry on a new connection with the
+    // old one's token gets its first outcome above, as over HTTP (which has no session), and
+    // nothing new.
+    if let Some(s) = &req.sender_session {
+        if s != &c.sid {
+            return Ok((reject(refused_token), false));
+        }
     }
     let Some(row) = row else {
         return Ok((
@@ -671,6 +672,11 @@ async fn command_in_tx(
         if now >= row.lease_expires || now < row.fenced_until {
             return Ok((reject(RejectCode::LeaseExpired), false));
         }
+    }
+    // A refusal the caller decided (a transfer to no one present) stands only for a sender who
+    // may act: a stale host is told `stale_epoch` (and resyncs), not `bad_request`.
+    if let Some(code) = req.refuse {
+        return Ok((reject(code), false));
     }
     // The effect: a room event on the room's seq, then (resign/transfer) the grant.
     let seq = row.seq.next();

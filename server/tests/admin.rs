@@ -341,14 +341,24 @@ fn cli_keygen_token_and_graceful_shutdown() {
         assert!(!dir.path().join("actions.db").exists(), "{err}");
     }
 
-    // A room byte rate of 0, less, or not a number would refuse every participant command.
-    for rate in ["0", "-5", "NaN"] {
-        let err = refused_at_start(
-            serve("bytes")
-                .arg("--dev")
-                .arg(format!("--room-bytes-rate={rate}")),
+    // A rate of 0, less, or not a number would refuse every participant command (room bytes),
+    // every command and every session (a flood bucket of no frame), or every HTTP request (with a
+    // retry time of 584 million years); so would a burst (twice the rate) below one command.
+    for (flag, rate) in [
+        ("--room-bytes-rate", "0"),
+        ("--room-bytes-rate", "-5"),
+        ("--room-bytes-rate", "NaN"),
+        ("--msg-rate", "0"),
+        ("--msg-rate", "0.4"),
+        ("--msg-rate", "NaN"),
+        ("--http-rate", "-1"),
+        ("--http-rate", "inf"),
+    ] {
+        let err = refused_at_start(serve("rates").arg("--dev").arg(format!("{flag}={rate}")));
+        assert!(
+            err.contains(&format!("{flag} must be")),
+            "{flag}={rate}: {err}"
         );
-        assert!(err.contains("--room-bytes-rate must be"), "{err}");
     }
 
     // SIGTERM: the server exits cleanly.

@@ -417,6 +417,24 @@ async fn idempotent_retries_across_ws_and_http() {
         srv.app.store.room(&room).await.unwrap().unwrap().seq,
         seq_after
     );
+    // Same key on another socket of bob's, with the first socket's token (a client that
+    // reconnected and resends): the recorded outcome, as over HTTP; a new key with that token is
+    // refused there.
+    let mut b2 = srv.raw("idem", "bob", false).await;
+    b2.participant_token().await;
+    assert_eq!(
+        cmd(&mut b2, "k1", "vote", None, &p).await,
+        Outcome::Accepted { seq }
+    );
+    assert_eq!(
+        rejected(&cmd(&mut b2, "k9", "vote", None, &p).await).0,
+        RejectCode::BadCapability
+    );
+    assert_eq!(
+        srv.app.store.room(&room).await.unwrap().unwrap().seq,
+        seq_after
+    );
+    drop(b2);
 
     // A rejection that had no effect is not cached: the same key later succeeds.
     let forged = Keypair::generate(srv.app.keys.kid.as_str());
@@ -463,7 +481,9 @@ async fn idempotent_retries_across_ws_and_http() {
 }
 
 /// A retry of an accepted transfer gets its outcome again after the target has left; a new
-/// transfer to someone absent is refused without an effect.
+/// transfer to someone absent is refused without an effect: `stale_epoch` with a host token of an
+/// epoch the room has left (the old host is told to resync, not that its request was bad), and
+/// `bad_request` with the current one.
 #[tokio::test]
 async fn a_transfer_retried_after_its_target_left_replays_its_outcome() {
     let srv = start(Config {
@@ -493,28 +513,44 @@ async fn a_transfer_retried_after_its_target_left_replays_its_outcome() {
     a.send(&transfer("t1")).await;
     let first = a.until(result("t1")).await;
     assert!(matches!(first, Outcome::Accepted { .. }), "{first:?}");
-    // Bob leaves; the room comes back to alice (a long lease: nothing lapses meanwhile).
+    // Bob leaves; the room comes back to alice (a long lease: nothing lapses meanwhile), with a
+    // capability for the epoch she holds now.
     b.send(&ClientMsg::Leave).await;
-    a.until(|m| match m {
-        ServerMsg::Assignment(s) => s
-            .assignment
-            .host
-            .as_ref()
-            .is_some_and(|h| h.as_str() == "alice")
-            .then_some(()),
-        _ => None,
-    })
-    .await;
+    let (epoch, host) = loop {
+        match a.until(|m| Some(m.clone())).await {
+            ServerMsg::LeaseProbe { nonce, .. } => a.send(&ClientMsg::LeaseEcho { nonce }).await,
+            ServerMsg::Capability {
+                role: Role::Host,
+                token,
+                epoch: Some(e),
+                ..
+            } if e > g.epoch => break (e, token),
+            _ => {}
+        }
+    };
     let before = srv.app.store.room(&room).await.unwrap().unwrap();
     a.send(&transfer("t1")).await;
     assert_eq!(a.until(result("t1")).await, first);
     a.send(&transfer("t2")).await;
     assert_eq!(
         rejected(&a.until(result("t2")).await).0,
+        RejectCode::StaleEpoch
+    );
+    a.send(&ClientMsg::Command {
+        id: key("t3"),
+        action: Action::new("host.transfer").unwrap(),
+        payload: serde_json::json!({"to": "bob"}).into(),
+        epoch: Some(epoch),
+        capability: host,
+    })
+    .await;
+    assert_eq!(
+        rejected(&a.until(result("t3")).await).0,
         RejectCode::BadRequest
     );
     let after = srv.app.store.room(&room).await.unwrap().unwrap();
     assert_eq!((after.seq, after.epoch), (before.seq, before.epoch));
+    assert_eq!(after.epoch, epoch);
 }
 
 #[tokio::test]
