@@ -45,7 +45,7 @@ for (const [name, c] of Object.entries({ HostleaseError, UsageError, CommandErro
 
 const COMMAND_MESSAGES = {
   NotHost: "this session is not the host",
-  NotAuthoritative: "the server is unreachable or resyncing; host commands are refused",
+  NotAuthoritative: "the server is unreachable or resyncing",
   LeaseExpired: "the host lease has expired locally",
   NoCapability: "no capability token for this action",
   StaleEpoch: "the host epoch changed; the command was not applied",
@@ -54,7 +54,7 @@ const COMMAND_MESSAGES = {
   BadPayload: "the payload is not JSON or too large",
   QueueFull: "too many commands queued or in flight",
   Timeout: "no result from the server after every retry",
-  Interrupted: "the result was lost (a drop or a new epoch); see the room's events",
+  Interrupted: "the result was lost (a drop or a new epoch)",
   Closed: "the room was left",
   Rejected: "the server refused the command",
 };
@@ -258,12 +258,12 @@ const isEvent = (m) =>
 export async function connect(options) {
   requireInit();
   // A room name the server refuses would be dialled for ever: it is checked here.
-  if (typeof options?.url !== "string" || !id(options.room)
-    || (typeof options.token !== "string" && typeof options.getToken !== "function")) {
+  if (typeof options?.url !== "string" || !id(options.room) || (options.getToken == null
+    ? typeof options.token !== "string" : typeof options.getToken !== "function")) {
     throw new UsageError(ErrorCode.BadArgument,
       `connect() needs { url, room } (room: ${ID}) and a token or getToken`);
   }
-  httpBase(options.url);
+  // (The URL is checked by the Room, as it is made: a BadArgument too.)
   const room = new Room(options);
   // The first token is the app's answer to "may I join?": no token, no room.
   let refused;
@@ -284,6 +284,8 @@ export class Room {
   // How tokens are got, private too. The rest stays reachable through a Proxy of the room (Vue's
   // `reactive()`, MobX): a `#` member read through one throws.
   #getToken;
+  _queue = []; // steps' events not yet delivered (see _onEvents)
+  _held = 0; // deliveries and command() calls under way: new events wait in _queue meanwhile
 
   constructor(options) {
     this.room = options.room;
@@ -336,7 +338,7 @@ export class Room {
   command(action, payload = null) {
     // What the driver emits while it takes the command (a listener may even close the room) is
     // delivered once the promise is there to settle.
-    const held = (this._held = []);
+    this._held++;
     let result;
     try {
       const id = this._driver.command(String(action), toJson(payload, () => ErrorCode.BadPayload));
@@ -346,8 +348,8 @@ export class Room {
       // whose toString throws): not the server's refusal (`Rejected`).
       result = Promise.reject(commandError(typeof code === "string" ? code : ErrorCode.BadArgument));
     }
-    this._held = null;
-    for (const json of held) this._onEvents(json);
+    this._held--;
+    this._onEvents();
     return result;
   }
 
@@ -536,10 +538,16 @@ export class Room {
     this._driver.handleFrame(data);
   }
 
-  // A step's events, as the driver's JSON array (written by the driver: always well-formed).
+  // A step's events, as the driver's JSON array (written by the driver: always well-formed), in
+  // the order the steps ran: a step a listener runs (a command, a peer detached) waits for the
+  // rest of the one being delivered; but a close() announces `closed` at once (nothing but
+  // command outcomes follows it).
   _onEvents(json) {
-    if (this._held) return void this._held.push(json);
-    for (const e of JSON.parse(json)) this._dispatch(e);
+    if (json) this._queue.push(json);
+    if (this._held && !this._closed) return;
+    this._held++;
+    while (this._queue.length) for (const e of JSON.parse(this._queue.shift())) this._dispatch(e);
+    this._held--;
   }
 
   _dispatch(e) {
@@ -682,7 +690,7 @@ export class Room {
     } catch {
       if (!this._relayWarned) {
         this._relayWarned = true;
-        this._emit("error", new ProtocolError(ErrorCode.RelayUnsupported, "Ed25519 in WebCrypto or the server keys are unavailable; peer relays are ignored"));
+        this._emit("error", new ProtocolError(ErrorCode.RelayUnsupported, "no Ed25519 in WebCrypto or no server keys: relays are ignored"));
       }
       return report(false, "unsupported");
     }

@@ -55,6 +55,11 @@ test("connect refuses what it cannot use, and a room refuses what JSON cannot ho
     await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room, token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument", room);
     await assert.rejects(hl.fetchInbox({ url: "ws://127.0.0.1:9", room, token: "t" }), (e) => e instanceof hl.UsageError && e.code === "BadArgument", room);
   }
+  // A getToken that is not a function, even beside a token (given both, getToken is used).
+  for (const getToken of ["oops", 1, {}]) {
+    await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", getToken }),
+      (e) => e instanceof hl.UsageError && e.code === "BadArgument", String(getToken));
+  }
   // No join token, no room: connect() itself fails (no `error` listener could exist yet).
   const down = new Error("backend down");
   await assert.rejects(hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => { throw down; } }),
@@ -150,6 +155,21 @@ test("a listener that closes the room sees nothing more of that step after conne
   room._onEvents(JSON.stringify([{ type: "provisional", coordinator: null }, { type: "discontinuity", from: 1, to: 2 },
     { type: "lease", state: "unknown" }]));
   assert.deepEqual(seen, ["provisional", "connection"]);
+});
+
+test("what a listener's own call makes the driver emit comes after the rest of the step being delivered", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const seen = [];
+  room.on("connection", ({ phase }) => {
+    seen.push(phase);
+    // Not connected: the vote is queued, and its `queued` event is emitted by this call.
+    if (phase === "offline") room.command("vote", { option: 1 }).catch(() => {});
+  });
+  room.on("provisional", ({ coordinator }) => seen.push(`provisional ${coordinator}`));
+  room.on("command", ({ state }) => seen.push(state));
+  room._onEvents(JSON.stringify([{ type: "connection", phase: "offline" }, { type: "provisional", coordinator: "a" }]));
+  assert.deepEqual(seen, ["offline", "provisional a", "queued"]);
+  room.close();
 });
 
 test("a listener that closes the room: the listeners after it do not get that event after connection: closed", async () => {

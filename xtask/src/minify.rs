@@ -222,6 +222,37 @@ pub fn rename_in_glue(glue: &str, report: &Renames, renamed: &[u8]) -> Result<St
     Ok(out)
 }
 
+/// The glue without `initSync`: the wrapper loads the module with the glue's async default
+/// export only, and the package exports its wrapper alone (`"."`), so no app can reach it. Strict
+/// too: a glue whose `initSync` is not where wasm-bindgen 0.2 writes it is an error.
+pub fn drop_init_sync(glue: &str) -> Result<String, String> {
+    const EXPORT: &str = "export { initSync, __wbg_init as default };";
+    const START: &str = "\nfunction initSync(module) {\n";
+    let err = |what: &str| format!("wasm-bindgen's glue: {what}; initSync cannot be dropped");
+    if glue.matches(EXPORT).count() != 1 {
+        return Err(err(&format!("not one `{EXPORT}`")));
+    }
+    let [start] = glue
+        .match_indices(START)
+        .map(|(i, _)| i)
+        .collect::<Vec<_>>()[..]
+    else {
+        return Err(err("not one `function initSync(module) {`"));
+    };
+    let body = start + START.len();
+    let end = body
+        + glue[body..]
+            .find("\n}\n")
+            .ok_or_else(|| err("initSync has no end"))?
+        + 2;
+    let out = format!("{}{}", &glue[..start], &glue[end..])
+        .replace(EXPORT, "export { __wbg_init as default };");
+    if out.contains("initSync") {
+        return Err(err("initSync is named elsewhere too"));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,6 +365,23 @@ const mem = () => wasm.memory.buffer; const driver_new = 1; const o = { memory: 
         // Names that are not imports' keys or calls into the module stay (`driver_new = 1`,
         // `{ memory: 2 }`), and an export the report renames but the glue never calls is fine.
         assert!(glue.contains("const driver_new = 1") && glue.contains("{ memory: 2 }"));
+    }
+
+    #[test]
+    fn init_sync_is_dropped_and_nothing_else() {
+        let glue = "function a() {\n    if (x) {\n        return 1;\n    }\n}\n\nfunction initSync(module) {\n    if (wasm !== undefined) return wasm;\n    if (m) {\n        warn('initSync()');\n    }\n    return f(module);\n}\n\nlet p;\nexport { initSync, __wbg_init as default };\n";
+        assert_eq!(
+            drop_init_sync(glue).unwrap(),
+            "function a() {\n    if (x) {\n        return 1;\n    }\n}\n\n\nlet p;\nexport { __wbg_init as default };\n"
+        );
+        for bad in [
+            glue.replace("export { initSync, ", "export { "),
+            glue.replace("function initSync(module)", "function initSync(m)"),
+            glue.replace("let p;", "let p = initSync;"),
+            glue.replace("    return f(module);\n}\n", "    return f(module);\n"),
+        ] {
+            assert!(drop_init_sync(&bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
