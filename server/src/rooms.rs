@@ -64,13 +64,17 @@ pub struct Queued(pub Direct, pub Option<OwnedSemaphorePermit>);
 pub struct Outlet {
     tx: mpsc::Sender<Queued>,
     bytes: Arc<Semaphore>,
+    /// The session's subscription point (its welcome's seq): the room's items after it reach
+    /// it live, the ones before it do not (the offline inbox counts on this).
+    pub since: Seq,
 }
 
 impl Outlet {
     pub fn new() -> (Self, mpsc::Receiver<Queued>) {
         let (tx, rx) = mpsc::channel(256);
         let bytes = Arc::new(Semaphore::new(OUTLET_BYTES));
-        (Self { tx, bytes }, rx)
+        let since = Seq::ZERO;
+        (Self { tx, bytes, since }, rx)
     }
 }
 
@@ -977,23 +981,31 @@ async fn notifier(app: Arc<App>) {
             }
         };
         let hubs: Vec<Arc<Room>> = {
-            let rooms: HashSet<&RoomId> = rows.iter().map(|(_, room, _)| room).collect();
+            let rooms: HashSet<&RoomId> = rows.iter().map(|(_, room, ..)| room).collect();
             let map = app.rooms.lock().expect("rooms lock");
             rooms
                 .into_iter()
                 .filter_map(|r| map.get(r).cloned())
                 .collect()
         };
-        let online: HashSet<(RoomId, ParticipantId)> = hubs
-            .iter()
-            .flat_map(|r| {
-                let st = r.state.lock().expect("room lock");
-                st.members
-                    .iter()
-                    .map(|m| (r.id.clone(), m.id.clone()))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        // Who got what live here: a participant's items from the earliest subscription point of
+        // its sessions on, up to the last one published here. An item from before (it joined
+        // after the commit: a page reloaded, or back before this ran) or not yet published here
+        // (committed by another process) goes to its inbox too: a duplicate is cheaper than a
+        // loss.
+        let mut online = crate::store::Online::new();
+        for r in &hubs {
+            let st = r.state.lock().expect("room lock");
+            for m in &st.members {
+                let Some(since) = st.conns.get(&m.session).map(|o| o.since) else {
+                    continue;
+                };
+                let got = online
+                    .entry((r.id.clone(), m.id.clone()))
+                    .or_insert((since, st.seq));
+                got.0 = got.0.min(since);
+            }
+        }
         match app.store.notify(&rows, &online).await {
             Ok(n) => metrics::counter!("hostlease_outbox_notified_total").increment(n as u64),
             Err(e) => tracing::warn!(error = %e, "outbox notify failed"),

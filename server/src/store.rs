@@ -149,6 +149,11 @@ pub enum GrantOutcome {
     Lost(Box<RoomRow>),
 }
 
+/// The participants connected to a process, each with the items its sessions there got live:
+/// those with `since < seq <= upto` (`since`: the earliest subscription point of its sessions;
+/// `upto`: the last seq published there when it was read). The offline inbox gets every other.
+pub type Online = std::collections::HashMap<(RoomId, ParticipantId), (Seq, Seq)>;
+
 /// A command, with a capability whose signature the caller has verified.
 #[derive(Debug, Clone)]
 pub struct CommandReq {
@@ -285,15 +290,17 @@ pub trait Store: Send + Sync + 'static {
     /// Outbox rows with id > `after`: `(id, room, item)`.
     async fn outbox_after(&self, after: i64, limit: i64) -> StoreResult<Vec<(i64, RoomId, Item)>>;
     async fn outbox_max_id(&self) -> StoreResult<i64>;
-    /// Up to `limit` outbox rows not yet written to the offline inboxes: `(id, room, item JSON)`.
-    async fn unnotified(&self, limit: i64) -> StoreResult<Vec<(i64, RoomId, String)>>;
+    /// Up to `limit` outbox rows not yet written to the offline inboxes: `(id, room, seq, item
+    /// JSON)`.
+    async fn unnotified(&self, limit: i64) -> StoreResult<Vec<(i64, RoomId, Seq, String)>>;
     /// Writes `rows` (from [`Store::unnotified`]) into the inbox of every participant of their
-    /// room who is not in `online`, and marks them notified, a few rows per transaction (rows
-    /// another process claimed meanwhile are skipped). Returns the number written.
+    /// room who did not get them live (see [`Online`]), and marks them notified, a few rows per
+    /// transaction (rows another process claimed meanwhile are skipped). Returns the number
+    /// written.
     async fn notify(
         &self,
-        rows: &[(i64, RoomId, String)],
-        online: &std::collections::HashSet<(RoomId, ParticipantId)>,
+        rows: &[(i64, RoomId, Seq, String)],
+        online: &Online,
     ) -> StoreResult<usize>;
     /// Claims up to `limit` outbox rows due for webhook delivery (for `claim_ms`, so that another
     /// process does not send them meanwhile): `(id, dedup_key, item JSON, attempts)`.
@@ -1282,45 +1289,41 @@ impl Store for SqliteStore {
         self.max_id("outbox").await
     }
 
-    async fn unnotified(&self, limit: i64) -> StoreResult<Vec<(i64, RoomId, String)>> {
-        let rows: Vec<(i64, String, String)> = sqlx::query_as(
-            "SELECT id, room, item FROM outbox WHERE notified_at IS NULL ORDER BY id LIMIT ?",
+    async fn unnotified(&self, limit: i64) -> StoreResult<Vec<(i64, RoomId, Seq, String)>> {
+        let rows: Vec<(i64, String, i64, String)> = sqlx::query_as(
+            "SELECT id, room, seq, item FROM outbox WHERE notified_at IS NULL ORDER BY id LIMIT ?",
         )
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
             .into_iter()
-            .filter_map(|(id, room, item)| Some((id, RoomId::new(room).ok()?, item)))
+            .filter_map(|(id, room, seq, item)| {
+                Some((id, RoomId::new(room).ok()?, Seq(seq as u64), item))
+            })
             .collect())
     }
 
     async fn notify(
         &self,
-        rows: &[(i64, RoomId, String)],
-        online: &std::collections::HashSet<(RoomId, ParticipantId)>,
+        rows: &[(i64, RoomId, Seq, String)],
+        online: &Online,
     ) -> StoreResult<usize> {
         // Each room's participants are read once per batch (from a reader: one who joins
-        // meanwhile is online anyway, and one forgotten meanwhile gets one more entry).
-        let mut offline: std::collections::HashMap<&RoomId, Vec<String>> =
+        // meanwhile is told by `online`, and one forgotten meanwhile gets one more entry).
+        let mut parts: std::collections::HashMap<&RoomId, Vec<ParticipantId>> =
             std::collections::HashMap::new();
-        for (_, room, _) in rows {
-            if offline.contains_key(room) {
+        for (_, room, ..) in rows {
+            if parts.contains_key(room) {
                 continue;
             }
-            let parts: Vec<String> =
+            let ids: Vec<String> =
                 sqlx::query_scalar("SELECT participant FROM participants WHERE room = ?")
                     .bind(room.as_str())
                     .fetch_all(&self.pool)
                     .await?;
-            let away = parts
-                .into_iter()
-                .filter(|p| {
-                    ParticipantId::new(p.as_str())
-                        .is_ok_and(|pid| !online.contains(&(room.clone(), pid)))
-                })
-                .collect();
-            offline.insert(room, away);
+            let ids = ids.into_iter().filter_map(|p| ParticipantId::new(p).ok());
+            parts.insert(room, ids.collect());
         }
         // A few rows per transaction: one fsync for several rows, while a grant or command
         // queued behind on the writer connection waits for a short transaction only.
@@ -1335,7 +1338,7 @@ impl Store for SqliteStore {
         let mut n = 0;
         for chunk in rows.chunks(NOTIFY_CHUNK) {
             let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-            for (id, room, item) in chunk {
+            for (id, room, seq, item) in chunk {
                 let claimed = sqlx::query(&claim)
                     .bind(id)
                     .execute(&mut *tx)
@@ -1344,7 +1347,16 @@ impl Store for SqliteStore {
                 if claimed == 0 {
                     continue; // another process got it
                 }
-                let away = offline.get(room).map_or(&[][..], Vec::as_slice);
+                let away: Vec<&ParticipantId> = parts
+                    .get(room)
+                    .into_iter()
+                    .flatten()
+                    .filter(|p| {
+                        !online
+                            .get(&(room.clone(), (*p).clone()))
+                            .is_some_and(|&(since, upto)| since < *seq && *seq <= upto)
+                    })
+                    .collect();
                 if !away.is_empty() {
                     // The item once; a row per participant away points at it.
                     let item_id: i64 = sqlx::query_scalar(&store_item)
@@ -1354,7 +1366,7 @@ impl Store for SqliteStore {
                     for p in away {
                         sqlx::query(&insert)
                             .bind(room.as_str())
-                            .bind(p)
+                            .bind(p.as_str())
                             .bind(item_id)
                             .execute(&mut *tx)
                             .await?;

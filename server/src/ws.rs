@@ -340,7 +340,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     };
     let session = random_session();
     let presence_interval = Duration::from_millis(app.cfg.presence_ms);
-    let (dtx, drx) = crate::rooms::Outlet::new();
+    let (mut dtx, drx) = crate::rooms::Outlet::new();
     // The subscription point: join, snapshot and subscribe under one lock, so that nothing
     // published falls between the snapshot and the stream.
     let joined = {
@@ -371,8 +371,9 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             };
             st.next_join += 1;
             st.members.push(member.clone());
-            st.conns.insert(session.clone(), dtx);
             let snapshot = app.snapshot_locked(&room, &st, None);
+            dtx.since = snapshot.seq;
+            st.conns.insert(session.clone(), dtx);
             let rx = room.tx.subscribe();
             room.announce(&mut st, member.clone(), true, presence_interval);
             Ok((member, snapshot, rx, started_ms))

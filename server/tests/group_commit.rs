@@ -312,8 +312,9 @@ fn rejection(o: &Outcome) -> Option<RejectCode> {
 }
 
 /// The offline-inbox notifier writes a batch of outbox rows from several rooms in one go: each
-/// room's participants who are not online get every row of their room, online ones and other
-/// rooms' participants nothing, and a row is written once.
+/// room's participants who did not get a row live get it (offline, connected only after it, or
+/// connected to a process that has not published it yet), the others and other rooms'
+/// participants nothing, and a row is written once.
 #[tokio::test]
 async fn a_notified_batch_reaches_exactly_the_offline_participants_of_each_room() {
     let (_dir, store) = temp_store().await;
@@ -331,9 +332,17 @@ async fn a_notified_batch_reaches_exactly_the_offline_participants_of_each_room(
     }
     let rows = store.unnotified(256).await.unwrap();
     assert_eq!(rows.len(), 4, "two grants in each room");
-    let online = [(r1.clone(), pid("ann")), (r2.clone(), pid("eve"))]
-        .into_iter()
-        .collect();
+    let all = (Seq::ZERO, Seq(u64::MAX));
+    let online = [
+        ((r1.clone(), pid("ann")), all),
+        ((r2.clone(), pid("eve")), all),
+        // Subscribed after every row (back before the notifier ran): did not get them live.
+        ((r2.clone(), pid("fay")), (Seq(u64::MAX - 1), Seq(u64::MAX))),
+        // On a process that has published none of them yet.
+        ((r2.clone(), pid("dan")), (Seq::ZERO, Seq::ZERO)),
+    ]
+    .into_iter()
+    .collect();
     assert_eq!(store.notify(&rows, &online).await.unwrap(), 4);
     assert!(store.unnotified(256).await.unwrap().is_empty());
     assert_eq!(

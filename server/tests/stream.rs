@@ -485,6 +485,49 @@ async fn offline_members_get_a_durable_inbox() {
     let _ = RoomId::new("ib");
 }
 
+/// A member whose page was reloaded (a fresh hello, no cursor) before the notifier ran gets what
+/// was committed while it was gone in its inbox: its welcome came after it, and the stream only
+/// carries what follows. A member connected all along does not.
+#[tokio::test]
+async fn a_member_back_before_the_notifier_ran_still_gets_what_it_missed() {
+    // The notifier runs every 2 s: bob is back long before it looks.
+    let srv = start(hostlease_server::Config {
+        sweep_ms: 1000,
+        ..test_config()
+    })
+    .await;
+    let tb = join_token(&srv.app_key, "ib2", "bob", false);
+    let mut c = srv.raw("ib2", "carol", false).await;
+    let p = ptoken(&mut c).await;
+    let mut b = Raw::join(srv.addr, "ib2", &tb, None).await;
+    let _ = ptoken(&mut b).await;
+    b.send(&ClientMsg::Leave).await;
+    let _ = b.until_closed().await;
+    let seq = vote(&mut c, &p, "while-bob-away").await;
+    let mut b = Raw::join(srv.addr, "ib2", &tb, None).await;
+    let _ = ptoken(&mut b).await;
+    let http = reqwest::Client::new();
+    let inbox = |token: &Token| {
+        http.get(format!("http://{}/v1/rooms/ib2/inbox?since=0", srv.addr))
+            .bearer_auth(token.expose())
+            .send()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let page: InboxPage = inbox(&tb).await.unwrap().protocol().await;
+        if page.entries.iter().any(|e| e.item.seq() == seq) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "inbox never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Written in the same pass: carol, connected throughout, got it live and has no entry.
+    let tc = join_token(&srv.app_key, "ib2", "carol", false);
+    let page: InboxPage = inbox(&tc).await.unwrap().protocol().await;
+    assert!(page.entries.iter().all(|e| e.item.seq() != seq), "{page:?}");
+    drop(b);
+}
+
 /// A browser app on another origin may read snapshots, its inbox (with its token in the
 /// `Authorization` header) and the keys; it may not reach commands or the admin API.
 #[tokio::test]
@@ -1467,13 +1510,13 @@ impl hostlease_server::store::Store for Slowed {
         }
         self.store.outbox_after(a, l).await
     }
-    async fn unnotified(&self, l: i64) -> StoreResult<Vec<(i64, RoomId, String)>> {
+    async fn unnotified(&self, l: i64) -> StoreResult<Vec<(i64, RoomId, Seq, String)>> {
         self.store.unnotified(l).await
     }
     async fn notify(
         &self,
-        r: &[(i64, RoomId, String)],
-        o: &std::collections::HashSet<(RoomId, ParticipantId)>,
+        r: &[(i64, RoomId, Seq, String)],
+        o: &hostlease_server::store::Online,
     ) -> StoreResult<usize> {
         self.store.notify(r, o).await
     }
