@@ -599,12 +599,14 @@ proptest! {
     }
 }
 
-/// The property above must take the seq-only path often: a seeded slice of it, counted.
+/// The property above must take the seq-only path often: a seeded slice of it, counted. (600
+/// cases: the generated welcomes do not match what the view holds, and what it holds is kept
+/// across a reconnect, so the buffer is empty, as that path needs, less often than in a room.)
 #[test]
 fn the_seq_only_path_is_taken() {
     let taken = counted_in_seeded_slice(
         &TOLD_BY_SEQ,
-        200,
+        600,
         &prop::collection::vec(stream_op(), 1..80),
         run_stream,
     );

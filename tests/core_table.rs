@@ -369,6 +369,46 @@ fn a_discontinuity_never_drops_items_the_view_holds() {
     assert_eq!(v.phase(), Phase::Live);
 }
 
+/// The same, with the connection lost and made again before the welcome: the items the view
+/// holds are still the room's log, and the new hello resumes from the cursor behind them; only
+/// the hole neither side fills is announced.
+#[test]
+fn a_reconnect_keeps_the_items_the_view_holds() {
+    let mut v = live("b", "a", 2);
+    server(&mut v, 20, ServerMsg::Event(event(3, 2, "a")));
+    server(&mut v, 21, ServerMsg::Event(event(5, 2, "a")));
+    for seq in 6..=8 {
+        server(&mut v, 22, ServerMsg::Event(event(seq, 2, "a")));
+    }
+    v.handle_disconnected(at(23));
+    v.handle_connected(at(24), Token::new("jt"));
+    let (t, _) = drain(&mut v);
+    assert!(
+        matches!(
+            &t[..],
+            [ClientMsg::Hello {
+                resume: Some(Seq(3)),
+                ..
+            }]
+        ),
+        "{t:?}"
+    );
+    let (_, ev) = server(&mut v, 25, welcome_cut_at_9(4));
+    let gaps: Vec<_> = ev
+        .iter()
+        .filter(|e| matches!(e, Event::Discontinuity(_)))
+        .collect();
+    assert_eq!(
+        gaps,
+        [&Event::Discontinuity(Gap {
+            from: Seq(4),
+            to: Seq(4)
+        })]
+    );
+    assert_eq!(room_events(&ev), vec![5, 6, 7, 8, 9, 10]);
+    assert_eq!(v.cursor(), Seq(10));
+}
+
 /// A held item the replay left out (at or below the snapshot point, with no discontinuity
 /// announced) fills its place: applied in order, not announced as lost.
 #[test]

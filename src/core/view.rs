@@ -504,7 +504,8 @@ impl HostView {
         } else {
             None
         };
-        self.buffer.clear();
+        // The buffer is kept: what it holds is the room's log past the cursor, which the hello
+        // resumes from (a replay cut to its newest items would otherwise announce them lost).
         self.echoes.clear();
         self.resume_asked = resume;
         self.resync_sent_at = now;
@@ -542,7 +543,6 @@ impl HostView {
         self.unanswered = 0;
         self.resync_retry_at = None;
         self.silence_check_at = None;
-        self.buffer.clear();
         self.echoes.clear();
         // The session is gone: its host token is worthless, its lease will lapse on the server.
         self.host_grant = None;
