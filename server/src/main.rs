@@ -87,7 +87,7 @@ struct ServeArgs {
     #[arg(long, env = "HOSTLEASE_ADMIN_KEY", hide_env_values = true)]
     admin_key: Option<String>,
     /// POST every committed item to this `http://` URL (durable notification).
-    #[arg(long, env = "HOSTLEASE_WEBHOOK_URL")]
+    #[arg(long, env = "HOSTLEASE_WEBHOOK_URL", hide_env_values = true)]
     webhook_url: Option<String>,
     /// HMAC-SHA256 key of the webhook's `X-Hostlease-Signature` header.
     #[arg(long, env = "HOSTLEASE_WEBHOOK_SECRET", hide_env_values = true)]

@@ -1095,7 +1095,7 @@ impl SqliteStore {
 /// one statement over a whole table held the one writer, and with it every lease renewal queued
 /// behind, for seconds. `?1` is the retention in ms (for the log: the room); for the outbox `?2`
 /// deletes rows whatever their webhook, for the log it is the newest seq to delete.
-pub fn prune_sql() -> [String; 6] {
+pub fn prune_sql() -> [String; 7] {
     let aged = |table: &str, key: &str, column: &str, more: &str| {
         format!(
             "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} \
@@ -1114,15 +1114,15 @@ pub fn prune_sql() -> [String; 6] {
             " AND NOT EXISTS (SELECT 1 FROM inbox WHERE inbox.item_id = inbox_items.id)",
         ),
         aged("participants", "rowid", "seen_at", ""),
-        aged(
-            "outbox",
-            "id",
-            "created_at",
-            &format!(
-                " AND notified_at IS NOT NULL AND (webhook_done_at IS NOT NULL \
-                 OR created_at < {NOW} - {WEBHOOK_RETENTION_MS} OR ?2)"
-            ),
+        // Outbox rows whose webhook was delivered (bound: an hour), through the index of those
+        // only: not the rows still waiting for a receiver that is down.
+        format!(
+            "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox INDEXED BY outbox_done_by_age \
+             WHERE created_at < {NOW} - ?1 AND webhook_done_at IS NOT NULL \
+             AND notified_at IS NOT NULL LIMIT {PRUNE_BATCH})"
         ),
+        // And any (bound: an hour without a webhook, its 24 h with one: given up).
+        aged("outbox", "id", "created_at", " AND notified_at IS NOT NULL"),
         format!(
             "DELETE FROM log WHERE rowid IN (SELECT rowid FROM log WHERE room = ?1 AND seq <= ?2 \
              LIMIT {PRUNE_BATCH})"
@@ -1547,7 +1547,7 @@ impl Store for SqliteStore {
         ] {
             sqlx::query(&q).execute(&self.writer).await?;
         }
-        let [idempotency, inbox, inbox_items, participants, outbox, log] = prune_sql();
+        let [idempotency, inbox, inbox_items, participants, outbox_done, outbox, log] = prune_sql();
         for (q, keep) in [
             (idempotency, IDEMPOTENCY_RETENTION_MS),
             (inbox, self.inbox_retention_ms),
@@ -1568,12 +1568,14 @@ impl Store for SqliteStore {
                 metrics::counter!("hostlease_webhook_given_up_total").increment(lost as u64);
             }
         }
-        self.prune(|| {
-            sqlx::query(&outbox)
-                .bind(3_600_000i64)
-                .bind(!self.keep_for_webhook)
-        })
-        .await?;
+        self.prune(|| sqlx::query(&outbox_done).bind(3_600_000i64))
+            .await?;
+        let keep = if self.keep_for_webhook {
+            WEBHOOK_RETENTION_MS
+        } else {
+            3_600_000
+        };
+        self.prune(|| sqlx::query(&outbox).bind(keep)).await?;
         // Each room's log is trimmed to its newest `keep_log` items. The rooms and their oldest
         // retained seq are read on the readers (an index look-up per room); only a log that
         // needs trimming takes the writer.

@@ -307,6 +307,28 @@ fn cli_keygen_token_and_graceful_shutdown() {
         "a server that did not start left files behind"
     );
 
+    // `serve --help` shows no secret the environment holds: the admin key, the webhook's
+    // secret, nor its URL (which may carry credentials).
+    let out = std::process::Command::new(bin)
+        .args(["serve", "--help"])
+        .env("HOSTLEASE_ADMIN_KEY", "admin-key-0123456789")
+        .env("HOSTLEASE_WEBHOOK_SECRET", "hook-secret-0123456789")
+        .env(
+            "HOSTLEASE_WEBHOOK_URL",
+            "http://user:url-secret@127.0.0.1:9/hook",
+        )
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("HOSTLEASE_WEBHOOK_URL"), "{help}");
+    for secret in [
+        "admin-key-0123456789",
+        "hook-secret-0123456789",
+        "url-secret",
+    ] {
+        assert!(!help.contains(secret), "{secret} in:\n{help}");
+    }
+
     // An empty or short admin key (anyone could use the admin API with it) stops the server
     // before it starts, without echoing the key.
     for short in ["", "s3cr3t-15-bytes"] {

@@ -652,6 +652,18 @@ async fn housekeeping_deletes_find_their_rows_through_an_index() {
         );
         assert!(q.contains(" LIMIT "), "{q}");
     }
+    // Delivered outbox rows are found through the index of those alone: through the one of all
+    // rows by age, each run walked every row still waiting for a receiver that is down.
+    let done = &hostlease_server::store::prune_sql()[4];
+    let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&format!("EXPLAIN QUERY PLAN {done}"))
+        .bind(1_000i64)
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert!(
+        plan.iter().any(|r| r.3.contains("outbox_done_by_age")),
+        "{done}\n{plan:?}"
+    );
 }
 
 /// Each room's log is trimmed to its newest items (a backlog larger than one batch entirely),
@@ -766,13 +778,14 @@ async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
         ParticipantId::new("h").unwrap(),
         SessionId::new("h-s").unwrap(),
     );
-    for epoch in 0..2 {
+    for epoch in 0..3 {
         grant_won(&store, &keys, &room, epoch, holder.clone()).await;
     }
     notify_all(&store).await;
     let now = hostlease_server::store::NOW;
-    // Both failed 40 times; the first was committed two hours ago, the second 25 hours ago.
-    for (seq, age_h) in [(1, 2), (2, 25)] {
+    // Two failed 40 times; the first was committed two hours ago, the second 25 hours ago. The
+    // third, two hours ago too, was delivered.
+    for (seq, age_h) in [(1, 2), (2, 25), (3, 2)] {
         sqlx::query(&format!(
             "UPDATE outbox SET webhook_attempts = 40, created_at = {now} - {age_h} * 3600000 \
              WHERE seq = ?"
@@ -782,6 +795,12 @@ async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
         .await
         .unwrap();
     }
+    sqlx::query(&format!(
+        "UPDATE outbox SET webhook_done_at = {now} WHERE seq = 3"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
     let due = store.webhook_due(64, 30_000).await.unwrap();
     assert_eq!(
         due.iter().map(|r| (r.1.as_str(), r.3)).collect::<Vec<_>>(),
@@ -793,5 +812,9 @@ async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
         .fetch_all(store.pool())
         .await
         .unwrap();
-    assert_eq!(left, vec![1], "the row given up is deleted, the other kept");
+    assert_eq!(
+        left,
+        vec![1],
+        "the row given up and the one delivered are deleted, the other kept"
+    );
 }
