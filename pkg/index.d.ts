@@ -240,6 +240,8 @@ export declare class Room {
   /** This participant's durable inbox, read over HTTP with the room's join token (see
    * `fetchInbox`; a refused token is asked of `getToken` once more). */
   inbox(options?: { since?: number }): Promise<InboxPage>;
+  /** Leaves the room (a host's role passes on at once) and stops reconnecting. Pending commands
+   * fail `Closed`; one sent and not yet answered fails `Interrupted` (it may have been applied). */
   close(): void;
 }
 

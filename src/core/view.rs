@@ -1317,6 +1317,7 @@ impl HostView {
         if !matches!(self.phase, Phase::Offline) {
             self.transmits.push_back(ClientMsg::Leave);
         }
+        // `Closed`, but `Interrupted` for one sent and not answered: it may have been applied.
         self.fail_all(CommandError::Closed, None);
         // Nothing is awaited any more: no deadline is left for `poll_timeout` to report.
         self.awaiting_welcome = false;
@@ -1517,12 +1518,14 @@ impl HostView {
         self.events.push_back(Event::CommandFailed { id, error });
     }
 
-    /// Fails every command (`None`), or every one that dies with a new `epoch`, oldest first.
+    /// Fails every command (`None`), or every one that dies with a new `epoch`, oldest first;
+    /// one sent and not answered fails `Interrupted` (see `refuse`; none that dies with an epoch
+    /// is: those are in backoff).
     fn fail_all(&mut self, error: CommandError, epoch: Option<Epoch>) {
         let mut i = 0;
         while i < self.commands.len() {
             if epoch.is_none_or(|e| self.commands[i].dies_with(e)) {
-                self.fail_at(i, error);
+                self.refuse(i, error);
             } else {
                 i += 1;
             }
