@@ -546,8 +546,12 @@ export class Room {
     if (json) this._queue.push(json);
     if (this._held && !this._closed) return;
     this._held++;
-    while (this._queue.length) for (const e of JSON.parse(this._queue.shift())) this._dispatch(e);
-    this._held--;
+    try {
+      while (this._queue.length) for (const e of JSON.parse(this._queue.shift())) this._dispatch(e);
+    } finally {
+      // (Nothing should throw here; if it did, later steps must still be delivered.)
+      this._held--;
+    }
   }
 
   _dispatch(e) {

@@ -1237,6 +1237,30 @@ fn leave_fails_pending_commands_and_closes() {
         id: key,
         error: CommandError::Interrupted
     }));
+    // Sent, not answered in time and sent again, the second attempt refused as retryable: the
+    // first may still be applied.
+    let mut v = live("b", "a", 2);
+    let key = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    drain(&mut v);
+    v.handle_timeout(at(11_000));
+    let (t, _) = drain(&mut v);
+    assert!(
+        t.iter()
+            .any(|m| matches!(m, ClientMsg::Command { id, .. } if *id == key)),
+        "{t:?}"
+    );
+    result(&mut v, 11_001, &key, rejected(RejectCode::RateLimited));
+    v.leave(at(11_002));
+    let (_, ev) = drain(&mut v);
+    assert!(
+        ev.contains(&Event::CommandFailed {
+            id: key,
+            error: CommandError::Interrupted
+        }),
+        "{ev:?}"
+    );
     assert_eq!(v.phase(), Phase::Closed);
     assert_eq!(
         v.command(at(22), action("vote"), js(json!(1)), None),

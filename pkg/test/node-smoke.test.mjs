@@ -172,6 +172,21 @@ test("what a listener's own call makes the driver emit comes after the rest of t
   room.close();
 });
 
+test("a delivery that fails part-way does not stop the next steps' events", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const seen = [];
+  room.on("provisional", ({ coordinator }) => seen.push(coordinator));
+  const dispatch = room._dispatch;
+  room._dispatch = () => {
+    room._dispatch = dispatch;
+    throw new Error("a bug in the wrapper");
+  };
+  assert.throws(() => room._onEvents(JSON.stringify([{ type: "provisional", coordinator: "a" }])));
+  room._onEvents(JSON.stringify([{ type: "provisional", coordinator: "b" }]));
+  assert.deepEqual(seen, ["b"]);
+  room.close();
+});
+
 test("a listener that closes the room: the listeners after it do not get that event after connection: closed", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const seen = [];

@@ -1090,11 +1090,11 @@ impl SqliteStore {
     }
 }
 
-/// Housekeeping's deletes: `[idempotency, inbox, inbox_items, participants, outbox, log]`. Each deletes at
-/// most `PRUNE_BATCH` rows and finds them through an index (a test reads their query plans):
-/// one statement over a whole table held the one writer, and with it every lease renewal queued
-/// behind, for seconds. `?1` is the retention in ms (for the log: the room); for the outbox `?2`
-/// deletes rows whatever their webhook, for the log it is the newest seq to delete.
+/// Housekeeping's deletes: `[idempotency, inbox, inbox_items, participants, outbox_delivered,
+/// outbox, log]`. Each deletes at most `PRUNE_BATCH` rows and finds them through an index (a test
+/// reads their query plans): one statement over a whole table held the one writer, and with it
+/// every lease renewal queued behind, for seconds. `?1` is the retention in ms (for the log: the
+/// room, and `?2` the newest seq to delete).
 pub fn prune_sql() -> [String; 7] {
     let aged = |table: &str, key: &str, column: &str, more: &str| {
         format!(

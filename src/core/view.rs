@@ -1443,11 +1443,16 @@ impl HostView {
     }
 
     /// Fails command `i`, refused here with `e`; but `Interrupted` when an attempt already sent
-    /// got no answer (a resend, or one the connection's drop hid): that one may have been
+    /// may have got no answer (a resend, or one the connection's drop hid; in backoff, the last
+    /// attempt was answered, but one before it may not have been): that one may have been
     /// applied, and `e` would say it was not.
     fn refuse(&mut self, i: usize, e: CommandError) {
         let c = &self.commands[i];
-        let unanswered = c.attempts > 0 && !matches!(c.state, CmdState::Backoff { .. });
+        let answered = match c.state {
+            CmdState::Backoff { .. } => 1,
+            _ => 0,
+        };
+        let unanswered = c.attempts > answered;
         self.fail_at(i, [e, CommandError::Interrupted][usize::from(unanswered)]);
     }
 
@@ -1519,8 +1524,7 @@ impl HostView {
     }
 
     /// Fails every command (`None`), or every one that dies with a new `epoch`, oldest first;
-    /// one sent and not answered fails `Interrupted` (see `refuse`; none that dies with an epoch
-    /// is: those are in backoff).
+    /// one sent and maybe not answered fails `Interrupted` (see `refuse`).
     fn fail_all(&mut self, error: CommandError, epoch: Option<Epoch>) {
         let mut i = 0;
         while i < self.commands.len() {

@@ -422,8 +422,11 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
         .map_err(|e| format!("wasm-opt --minify-imports-and-exports-and-modules: {e}"))?;
     let mut bytes = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
     let glue = minify::rename_in_glue(&glue, &minify::parse_report(&report)?, &bytes)?;
-    eprintln!("\n==> the glue's initSync dropped (the wrapper loads the .wasm with init only)");
-    let glue = minify::drop_init_sync(&glue)?;
+    eprintln!(
+        "\n==> the glue's initSync, deprecated-parameter warning and encodeInto polyfill dropped \
+         (unreachable from the wrapper)"
+    );
+    let glue = minify::drop_unreachable(&glue)?;
     std::fs::write(&glue_path, glue).map_err(|e| format!("write {}: {e}", glue_path.display()))?;
     let zeroed = strip::zero_panic_text(&mut bytes)?;
     std::fs::write(&wasm, &bytes).map_err(|e| format!("write {}: {e}", wasm.display()))?;

@@ -222,13 +222,22 @@ pub fn rename_in_glue(glue: &str, report: &Renames, renamed: &[u8]) -> Result<St
     Ok(out)
 }
 
-/// The glue without `initSync`: the wrapper loads the module with the glue's async default
-/// export only, and the package exports its wrapper alone (`"."`), so no app can reach it. Strict
-/// too: a glue whose `initSync` is not where wasm-bindgen 0.2 writes it is an error.
-pub fn drop_init_sync(glue: &str) -> Result<String, String> {
+/// wasm-bindgen's `encodeInto` polyfill, as it writes it.
+const POLYFILL: &str = "if (!('encodeInto' in cachedTextEncoder)) {\n    cachedTextEncoder.encodeInto = function (arg, view) {\n        const buf = cachedTextEncoder.encode(arg);\n        view.set(buf);\n        return {\n            read: arg.length,\n            written: buf.length\n        };\n    };\n}\n";
+
+/// The glue without what the wrapper cannot reach: `initSync` (the wrapper loads the module with
+/// the glue's async default export only, and the package exports its wrapper alone, `"."`), that
+/// init's warning about deprecated parameters (the wrapper passes `{ module_or_path }` or
+/// nothing), and the `TextEncoder.encodeInto` polyfill (every browser that parses the wrapper,
+/// ES2022 with private class fields, has `encodeInto`: Chrome 74, Firefox 66, Safari 14.1; Node
+/// 12). Strict too: a glue not written as wasm-bindgen 0.2 writes them is an error.
+pub fn drop_unreachable(glue: &str) -> Result<String, String> {
+    const WARNED: &str = "        } else {\n            console.warn('using deprecated parameters for the initialization function; pass a single object instead')\n        }\n";
     const EXPORT: &str = "export { initSync, __wbg_init as default };";
     const START: &str = "\nfunction initSync(module) {\n";
-    let err = |what: &str| format!("wasm-bindgen's glue: {what}; initSync cannot be dropped");
+    let err = |what: &str| {
+        format!("wasm-bindgen's glue: {what}; what the wrapper cannot reach is not dropped")
+    };
     if glue.matches(EXPORT).count() != 1 {
         return Err(err(&format!("not one `{EXPORT}`")));
     }
@@ -250,7 +259,15 @@ pub fn drop_init_sync(glue: &str) -> Result<String, String> {
     if out.contains("initSync") {
         return Err(err("initSync is named elsewhere too"));
     }
-    Ok(out)
+    if out.matches(WARNED).count() != 1 {
+        return Err(err(
+            "not one warning about the init's deprecated parameters",
+        ));
+    }
+    if out.matches(POLYFILL).count() != 1 {
+        return Err(err("not one encodeInto polyfill"));
+    }
+    Ok(out.replace(WARNED, "        }\n").replace(POLYFILL, ""))
 }
 
 #[cfg(test)]
@@ -368,19 +385,25 @@ const mem = () => wasm.memory.buffer; const driver_new = 1; const o = { memory: 
     }
 
     #[test]
-    fn init_sync_is_dropped_and_nothing_else() {
-        let glue = "function a() {\n    if (x) {\n        return 1;\n    }\n}\n\nfunction initSync(module) {\n    if (wasm !== undefined) return wasm;\n    if (m) {\n        warn('initSync()');\n    }\n    return f(module);\n}\n\nlet p;\nexport { initSync, __wbg_init as default };\n";
+    fn what_the_wrapper_cannot_reach_is_dropped_and_nothing_else() {
+        let warned = "        if (o) {\n            ({m} = m)\n        } else {\n            console.warn('using deprecated parameters for the initialization function; pass a single object instead')\n        }\n";
+        let glue = format!("function a() {{\n    if (x) {{\n        return 1;\n    }}\n}}\n\nfunction initSync(module) {{\n    if (wasm !== undefined) return wasm;\n    if (m) {{\n        warn('initSync()');\n    }}\n    return f(module);\n}}\n\nasync function i(m) {{\n{warned}}}\nconst cachedTextEncoder = new TextEncoder();\n\n{POLYFILL}\nlet p;\nexport {{ initSync, __wbg_init as default }};\n");
         assert_eq!(
-            drop_init_sync(glue).unwrap(),
-            "function a() {\n    if (x) {\n        return 1;\n    }\n}\n\n\nlet p;\nexport { __wbg_init as default };\n"
+            drop_unreachable(&glue).unwrap(),
+            "function a() {\n    if (x) {\n        return 1;\n    }\n}\n\n\nasync function i(m) {\n        if (o) {\n            ({m} = m)\n        }\n}\nconst cachedTextEncoder = new TextEncoder();\n\n\nlet p;\nexport { __wbg_init as default };\n"
         );
         for bad in [
             glue.replace("export { initSync, ", "export { "),
             glue.replace("function initSync(module)", "function initSync(m)"),
             glue.replace("let p;", "let p = initSync;"),
             glue.replace("    return f(module);\n}\n", "    return f(module);\n"),
+            glue.replace(
+                "deprecated parameters for the",
+                "deprecated parameters for an",
+            ),
+            glue.replace("view.set(buf);", "view.set(buf, 0);"),
         ] {
-            assert!(drop_init_sync(&bad).is_err(), "{bad}");
+            assert!(drop_unreachable(&bad).is_err(), "{bad}");
         }
     }
 
