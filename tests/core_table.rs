@@ -337,6 +337,24 @@ fn a_gap_the_server_cannot_fill_becomes_a_discontinuity() {
     assert_eq!(room_events(&ev), vec![9, 10]);
 }
 
+/// After `welcome_cut_at_9(4)` to a view that holds 5..=8: only 4 is announced lost, 5..=10 are
+/// applied in order.
+fn only_4_is_lost(v: &HostView, ev: &[Event]) {
+    let gaps: Vec<_> = ev
+        .iter()
+        .filter(|e| matches!(e, Event::Discontinuity(_)))
+        .collect();
+    assert_eq!(
+        gaps,
+        [&Event::Discontinuity(Gap {
+            from: Seq(4),
+            to: Seq(4)
+        })]
+    );
+    assert_eq!(room_events(&ev), vec![5, 6, 7, 8, 9, 10]);
+    assert_eq!(v.cursor(), Seq(10));
+}
+
 /// A live view that lost one item holds what came after it while it resumes. The server replays
 /// only the newest items (its byte budget) and announces the rest as a discontinuity, which
 /// covers items the view holds: those are applied in order, and only the one lost is announced.
@@ -353,19 +371,7 @@ fn a_discontinuity_never_drops_items_the_view_holds() {
         server(&mut v, 22, ServerMsg::Event(event(seq, 2, "a")));
     }
     let (_, ev) = server(&mut v, 23, welcome_cut_at_9(4));
-    let gaps: Vec<_> = ev
-        .iter()
-        .filter(|e| matches!(e, Event::Discontinuity(_)))
-        .collect();
-    assert_eq!(
-        gaps,
-        [&Event::Discontinuity(Gap {
-            from: Seq(4),
-            to: Seq(4)
-        })]
-    );
-    assert_eq!(room_events(&ev), vec![5, 6, 7, 8, 9, 10]);
-    assert_eq!(v.cursor(), Seq(10));
+    only_4_is_lost(&v, &ev);
     assert_eq!(v.phase(), Phase::Live);
 }
 
@@ -394,19 +400,7 @@ fn a_reconnect_keeps_the_items_the_view_holds() {
         "{t:?}"
     );
     let (_, ev) = server(&mut v, 25, welcome_cut_at_9(4));
-    let gaps: Vec<_> = ev
-        .iter()
-        .filter(|e| matches!(e, Event::Discontinuity(_)))
-        .collect();
-    assert_eq!(
-        gaps,
-        [&Event::Discontinuity(Gap {
-            from: Seq(4),
-            to: Seq(4)
-        })]
-    );
-    assert_eq!(room_events(&ev), vec![5, 6, 7, 8, 9, 10]);
-    assert_eq!(v.cursor(), Seq(10));
+    only_4_is_lost(&v, &ev);
 }
 
 /// A held item the replay left out (at or below the snapshot point, with no discontinuity
