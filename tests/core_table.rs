@@ -351,7 +351,7 @@ fn only_4_is_lost(v: &HostView, ev: &[Event]) {
             to: Seq(4)
         })]
     );
-    assert_eq!(room_events(&ev), vec![5, 6, 7, 8, 9, 10]);
+    assert_eq!(room_events(ev), vec![5, 6, 7, 8, 9, 10]);
     assert_eq!(v.cursor(), Seq(10));
 }
 
