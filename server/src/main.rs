@@ -342,8 +342,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             ..Config::default()
         };
         cfg.check_actions()?;
-        let mut store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
-        store.keep_for_webhook = cfg.webhook_url.is_some();
+        let store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
         let keys = Keypair::load_or_create(&a.server_key, "srv")?;
         let app = App::new(cfg, Arc::new(store), keys, join_keys, dev_key);
         let listener = hostlease_server::listen(&a.listen, a.listen_backlog)

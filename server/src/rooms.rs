@@ -905,7 +905,11 @@ async fn housekeeper(app: Arc<App>) {
     let every = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 5000)) * HOUSEKEEPING_SWEEPS;
     loop {
         tokio::time::sleep(every).await;
-        if let Err(e) = app.store.housekeeping(app.cfg.log_keep).await {
+        // Outbox rows are kept for the webhook whenever one is configured (it was a flag of the
+        // store that only the CLI set: a server embedded with a webhook lost undelivered rows
+        // after an hour).
+        let webhook = app.cfg.webhook_url.is_some();
+        if let Err(e) = app.store.housekeeping(app.cfg.log_keep, webhook).await {
             tracing::warn!(error = %e, "housekeeping failed");
         }
     }

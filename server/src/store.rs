@@ -340,8 +340,9 @@ pub trait Store: Send + Sync + 'static {
     /// The newest kick's id (0: none).
     async fn kicks_max_id(&self) -> StoreResult<i64>;
     /// Deletes idempotency records older than the retention, kicks older than an hour, and trims
-    /// each room's log to its newest `keep` items.
-    async fn housekeeping(&self, keep_log: i64) -> StoreResult<()>;
+    /// each room's log to its newest `keep` items; outbox rows go after an hour once notified,
+    /// but with `webhook` only once delivered too, or given up after 24 h.
+    async fn housekeeping(&self, keep_log: i64, webhook: bool) -> StoreResult<()>;
 }
 
 /// Outbox rows written to the offline inboxes per transaction.
@@ -380,8 +381,6 @@ pub struct SqliteStore {
     writer: SqlitePool,
     /// Commands, renewals and participant records, committed in groups through `writer`.
     group: GroupCommit,
-    /// Keep outbox rows until their webhook is delivered (set when a webhook is configured).
-    pub keep_for_webhook: bool,
     /// Housekeeping deletes inbox entries older than this ([`INBOX_RETENTION_MS`]) ...
     pub inbox_retention_ms: i64,
     /// ... and forgets participants not seen for this long ([`PARTICIPANT_RETENTION_MS`]).
@@ -1064,7 +1063,6 @@ impl SqliteStore {
             pool,
             group: GroupCommit::start(writer.clone()),
             writer,
-            keep_for_webhook: false,
             inbox_retention_ms: INBOX_RETENTION_MS,
             participant_retention_ms: PARTICIPANT_RETENTION_MS,
             max_queued_commands: MAX_QUEUED_COMMANDS,
@@ -1536,7 +1534,7 @@ impl Store for SqliteStore {
         self.max_id("kicks").await
     }
 
-    async fn housekeeping(&self, keep_log: i64) -> StoreResult<()> {
+    async fn housekeeping(&self, keep_log: i64, webhook: bool) -> StoreResult<()> {
         let q = format!("DELETE FROM kicks WHERE created_at < {NOW} - 3600000");
         sqlx::query(&q).execute(&self.writer).await?;
         // Rows a process of the code before migration 0005 wrote (during a rolling upgrade)
@@ -1556,7 +1554,7 @@ impl Store for SqliteStore {
         ] {
             self.prune(|| sqlx::query(&q).bind(keep)).await?;
         }
-        if self.keep_for_webhook {
+        if webhook {
             // Rows whose delivery is given up, each counted once (they are deleted just below).
             let q = format!(
                 "SELECT COUNT(*) FROM outbox WHERE created_at < {NOW} - {WEBHOOK_RETENTION_MS} \
@@ -1570,7 +1568,7 @@ impl Store for SqliteStore {
         }
         self.prune(|| sqlx::query(&outbox_done).bind(3_600_000i64))
             .await?;
-        let keep = if self.keep_for_webhook {
+        let keep = if webhook {
             WEBHOOK_RETENTION_MS
         } else {
             3_600_000

@@ -401,7 +401,7 @@ async fn inbox_entries_and_forgotten_participants_are_pruned() {
     grant_won(&store, &keys, &room, 0, holder.clone()).await;
     assert_eq!(notify_all(&store).await, 1);
     assert_eq!(inbox_len(&store, &room, &away).await, 1);
-    store.housekeeping(10_000).await.unwrap();
+    store.housekeeping(10_000, false).await.unwrap();
     assert_eq!(
         inbox_len(&store, &room, &away).await,
         1,
@@ -411,7 +411,7 @@ async fn inbox_entries_and_forgotten_participants_are_pruned() {
     // Past the inbox retention: the entry goes; the participant (seen just now) stays.
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     store.inbox_retention_ms = 10;
-    store.housekeeping(10_000).await.unwrap();
+    store.housekeeping(10_000, false).await.unwrap();
     assert_eq!(inbox_len(&store, &room, &away).await, 0);
     grant_won(&store, &keys, &room, 1, holder.clone()).await;
     notify_all(&store).await;
@@ -421,7 +421,7 @@ async fn inbox_entries_and_forgotten_participants_are_pruned() {
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     store.inbox_retention_ms = INBOX_RETENTION_MS;
     store.participant_retention_ms = 10;
-    store.housekeeping(10_000).await.unwrap();
+    store.housekeeping(10_000, false).await.unwrap();
     assert_eq!(
         inbox_len(&store, &room, &away).await,
         1,
@@ -457,7 +457,7 @@ async fn inbox_entries_and_forgotten_participants_are_pruned() {
         .await
         .unwrap();
     store.inbox_retention_ms = 60_000;
-    store.housekeeping(10_000).await.unwrap();
+    store.housekeeping(10_000, false).await.unwrap();
     let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM inbox")
         .fetch_one(store.pool())
         .await
@@ -612,7 +612,7 @@ async fn an_item_in_many_inboxes_is_stored_once() {
     .await
     .unwrap();
     store.inbox_retention_ms = 60_000;
-    store.housekeeping(10_000).await.unwrap();
+    store.housekeeping(10_000, false).await.unwrap();
     assert_eq!(count("SELECT COUNT(*) FROM inbox_items").await, 1);
     for p in &away {
         assert!(
@@ -627,7 +627,7 @@ async fn an_item_in_many_inboxes_is_stored_once() {
     }
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     store.inbox_retention_ms = 10;
-    store.housekeeping(10_000).await.unwrap();
+    store.housekeeping(10_000, false).await.unwrap();
     assert_eq!(count("SELECT COUNT(*) FROM inbox_items").await, 0);
     assert_eq!(count("SELECT COUNT(*) FROM inbox").await, 0);
 }
@@ -702,7 +702,7 @@ async fn housekeeping_trims_every_room_log_and_old_idempotency_records() {
     .execute(store.pool())
     .await
     .unwrap();
-    store.housekeeping(100).await.unwrap();
+    store.housekeeping(100, false).await.unwrap();
     for (room, first, last) in [("a", 2401, 2500), ("b", 1, 5), ("c", 1101, 1200)] {
         let (lo, hi, n): (i64, i64, i64) =
             sqlx::query_as("SELECT MIN(seq), MAX(seq), COUNT(*) FROM log WHERE room = ?")
@@ -770,8 +770,7 @@ fn the_request_hash_tells_every_different_payload_apart() {
 /// committed meanwhile); past that it is no longer tried, and housekeeping deletes it.
 #[tokio::test]
 async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
-    let (_dir, mut store) = temp_store().await;
-    store.keep_for_webhook = true;
+    let (_dir, store) = temp_store().await;
     let keys = Keypair::generate("k1");
     let room = RoomId::new("wh").unwrap();
     let holder = (
@@ -807,7 +806,7 @@ async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
         vec![("assignment:wh:1", 40)],
         "retried after 40 failures within the day; not past it"
     );
-    store.housekeeping(10_000).await.unwrap();
+    store.housekeeping(10_000, true).await.unwrap();
     let left: Vec<i64> = sqlx::query_scalar("SELECT seq FROM outbox ORDER BY seq")
         .fetch_all(store.pool())
         .await

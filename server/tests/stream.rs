@@ -187,7 +187,7 @@ async fn resume_replays_missed_items_and_announces_a_gap() {
     assert_eq!(missed.len(), 1);
 
     // Trim the log to its newest 2 items: resuming from 0 announces 1..=3 as a gap.
-    srv.app.store.housekeeping(2).await.unwrap();
+    srv.app.store.housekeeping(2, false).await.unwrap();
     let mut d = Raw::join(srv.addr, "rs", &t, Some(0)).await;
     let (_, missed, gap) = d.until(welcome).await;
     let gap = gap.expect("a discontinuity");
@@ -1553,8 +1553,8 @@ impl hostlease_server::store::Store for Slowed {
     async fn kicks_max_id(&self) -> StoreResult<i64> {
         self.store.kicks_max_id().await
     }
-    async fn housekeeping(&self, k: i64) -> StoreResult<()> {
-        self.store.housekeeping(k).await
+    async fn housekeeping(&self, k: i64, w: bool) -> StoreResult<()> {
+        self.store.housekeeping(k, w).await
     }
 }
 

@@ -113,6 +113,87 @@ async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
     assert_eq!(*followed.lock().unwrap(), 0, "a redirect was followed");
 }
 
+/// A server embedded with a webhook (`App::new` and `serve`, without the CLI) keeps an
+/// undelivered outbox row past the hour after which rows without a webhook go: housekeeping asked
+/// a flag of the store that only the CLI set, and lost the rows a receiver down for an hour had
+/// not got.
+#[tokio::test]
+async fn an_embedded_server_keeps_undelivered_rows_for_its_webhook() {
+    let receiver = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, receiver).await.unwrap() });
+    // Housekeeping every 600 sweeps: 3 s.
+    let srv = start(hostlease_server::Config {
+        webhook_url: Some(format!("http://{hook}/hook")),
+        webhook_secret: Some("shh-0123456789abcdef".into()),
+        sweep_ms: 5,
+        ..test_config()
+    })
+    .await;
+    let db = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        srv.dir.path().join("h.db").display()
+    ))
+    .await
+    .unwrap();
+    let count = |q: &str| {
+        let (db, q) = (db.clone(), q.to_string());
+        async move {
+            sqlx::query_scalar::<_, i64>(&q)
+                .fetch_one(&db)
+                .await
+                .unwrap()
+        }
+    };
+    let mut a = Sdk::join(
+        srv.addr,
+        "kw",
+        join_token(&srv.app_key, "kw", "alice", true),
+    )
+    .await;
+    a.pump_until("alice host", |s| s.has_authority()).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while count("SELECT COUNT(*) FROM outbox WHERE notified_at IS NOT NULL").await == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never notified");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let now = hostlease_server::store::NOW;
+    // Every row two hours old, never delivered; and an idempotency record past its retention,
+    // whose going says that housekeeping ran.
+    sqlx::query(&format!(
+        "UPDATE outbox SET created_at = {now} - 2 * 3600000"
+    ))
+    .execute(&db)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO idempotency (room, sub, key, request_hash, outcome, created_at) \
+         VALUES ('kw', 'x', 'old', '', '', {now} - 49 * 3600000)"
+    ))
+    .execute(&db)
+    .await
+    .unwrap();
+    let aged = format!("SELECT COUNT(*) FROM outbox WHERE created_at < {now} - 3600000");
+    assert!(count(&aged).await > 0);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while count("SELECT COUNT(*) FROM idempotency WHERE key = 'old'").await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "housekeeping never ran"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(count(&aged).await > 0, "the undelivered rows went");
+    assert_eq!(
+        count("SELECT COUNT(*) FROM outbox WHERE webhook_done_at IS NOT NULL").await,
+        0
+    );
+}
+
 /// A webhook URL this build cannot deliver to (`https://`: no TLS here; not a URL) is refused
 /// when the server starts, not by failing every delivery later; the URL is not echoed. So is a
 /// webhook without a signing key of 16 bytes or more (its signatures anyone could compute).
