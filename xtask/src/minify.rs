@@ -181,13 +181,14 @@ pub fn rename_in_glue(glue: &str, report: &Renames, renamed: &[u8]) -> Result<St
         .collect();
 
     // The module's key, exactly once.
-    let module_key = format!("\"{old_module}\":");
-    if glue.matches(&module_key).count() != 1 {
-        return Err(format!(
-            "the glue does not name the import module {old_module:?} exactly once"
-        ));
-    }
-    let glue = glue.replacen(&module_key, &format!("\"{new_module}\":"), 1);
+    let glue = replace_once(
+        glue,
+        &format!("\"{old_module}\":"),
+        &format!("\"{new_module}\":"),
+    )
+    .ok_or_else(|| {
+        format!("the glue does not name the import module {old_module:?} exactly once")
+    })?;
 
     // One pass over the identifiers, so that no name is renamed twice.
     let mut keys_renamed: HashMap<&str, usize> = HashMap::new();
@@ -222,6 +223,11 @@ pub fn rename_in_glue(glue: &str, report: &Renames, renamed: &[u8]) -> Result<St
     Ok(out)
 }
 
+/// `text` with `from`, which must stand in it exactly once, replaced by `to`.
+fn replace_once(text: &str, from: &str, to: &str) -> Option<String> {
+    (text.matches(from).count() == 1).then(|| text.replacen(from, to, 1))
+}
+
 /// wasm-bindgen's `encodeInto` polyfill, as it writes it.
 const POLYFILL: &str = "if (!('encodeInto' in cachedTextEncoder)) {\n    cachedTextEncoder.encodeInto = function (arg, view) {\n        const buf = cachedTextEncoder.encode(arg);\n        view.set(buf);\n        return {\n            read: arg.length,\n            written: buf.length\n        };\n    };\n}\n";
 
@@ -238,9 +244,8 @@ pub fn drop_unreachable(glue: &str) -> Result<String, String> {
     let err = |what: &str| {
         format!("wasm-bindgen's glue: {what}; what the wrapper cannot reach is not dropped")
     };
-    if glue.matches(EXPORT).count() != 1 {
-        return Err(err(&format!("not one `{EXPORT}`")));
-    }
+    let glue = replace_once(glue, EXPORT, "export { __wbg_init as default };")
+        .ok_or_else(|| err(&format!("not one `{EXPORT}`")))?;
     let [start] = glue
         .match_indices(START)
         .map(|(i, _)| i)
@@ -254,20 +259,13 @@ pub fn drop_unreachable(glue: &str) -> Result<String, String> {
             .find("\n}\n")
             .ok_or_else(|| err("initSync has no end"))?
         + 2;
-    let out = format!("{}{}", &glue[..start], &glue[end..])
-        .replace(EXPORT, "export { __wbg_init as default };");
+    let out = format!("{}{}", &glue[..start], &glue[end..]);
     if out.contains("initSync") {
         return Err(err("initSync is named elsewhere too"));
     }
-    if out.matches(WARNED).count() != 1 {
-        return Err(err(
-            "not one warning about the init's deprecated parameters",
-        ));
-    }
-    if out.matches(POLYFILL).count() != 1 {
-        return Err(err("not one encodeInto polyfill"));
-    }
-    Ok(out.replace(WARNED, "        }\n").replace(POLYFILL, ""))
+    let out = replace_once(&out, WARNED, "        }\n")
+        .ok_or_else(|| err("not one warning about the init's deprecated parameters"))?;
+    replace_once(&out, POLYFILL, "").ok_or_else(|| err("not one encodeInto polyfill"))
 }
 
 #[cfg(test)]
