@@ -454,12 +454,19 @@ fn admin_ok(app: &App, headers: &HeaderMap) -> bool {
     }
 }
 
+/// `reassign`'s body. Unknown fields are refused: a misspelt `to` (or a kick's `participant`)
+/// would otherwise reassign to whoever is next, answered 200.
 #[derive(Deserialize, Default)]
-struct AdminBody {
+#[serde(deny_unknown_fields)]
+struct ReassignBody {
     #[serde(default)]
     to: Option<ParticipantId>,
-    #[serde(default)]
-    participant: Option<ParticipantId>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KickBody {
+    participant: ParticipantId,
 }
 
 /// The room of an admin request whose key was checked (`require_admin`).
@@ -471,9 +478,9 @@ async fn admin_room(app: &Arc<App>, room: &str) -> Result<crate::rooms::HeldRoom
     }
 }
 
-fn parse_admin_body(body: &Bytes) -> Result<AdminBody, Response> {
+fn parse_reassign_body(body: &Bytes) -> Result<ReassignBody, Response> {
     if body.is_empty() {
-        return Ok(AdminBody::default());
+        return Ok(ReassignBody::default());
     }
     serde_json::from_slice(body).map_err(|_| (StatusCode::BAD_REQUEST, "bad body").into_response())
 }
@@ -484,7 +491,7 @@ async fn admin_reassign(
     Path(room): Path<String>,
     body: Bytes,
 ) -> Response {
-    let body = match parse_admin_body(&body) {
+    let body = match parse_reassign_body(&body) {
         Ok(b) => b,
         Err(e) => return e,
     };
@@ -498,7 +505,7 @@ async fn admin_reassign(
 async fn admin_reassign_in(
     app: &Arc<App>,
     hub: &Arc<crate::rooms::Room>,
-    body: AdminBody,
+    body: ReassignBody,
 ) -> Response {
     let _g = hub.decide.lock().await;
     let row = match app.store.room(&hub.id).await {
@@ -545,11 +552,7 @@ async fn admin_kick(
     Path(room): Path<String>,
     body: Bytes,
 ) -> Response {
-    let Ok(AdminBody {
-        participant: Some(p),
-        ..
-    }) = parse_admin_body(&body)
-    else {
+    let Ok(KickBody { participant: p }) = serde_json::from_slice(&body) else {
         return (StatusCode::BAD_REQUEST, "participant required").into_response();
     };
     let hub = match admin_room(&app, &room).await {
@@ -567,8 +570,12 @@ async fn admin_kick(
         .into_response()
 }
 
+/// `ttl`'s body: `lease_ms` must be there (`null` for the server default) and nothing else: a
+/// misspelt field would otherwise set the room back to the default, answered 200.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TtlBody {
+    #[serde(deserialize_with = "Option::deserialize")]
     lease_ms: Option<u64>,
 }
 

@@ -453,6 +453,77 @@ async fn per_room_ttl_applies_from_the_next_grant() {
     assert_eq!(asg.lease_ms, 1500);
 }
 
+/// A misspelt admin body is refused 400 and changes nothing: unknown fields were ignored, so a
+/// reassign with a kick's `participant` went to whoever was next (200, the epoch moved) and a TTL
+/// body without `lease_ms` set the room back to the server default.
+#[tokio::test]
+async fn a_misspelt_admin_body_is_refused_and_changes_nothing() {
+    let srv = start(test_config()).await;
+    let post = |route: &'static str, body: serde_json::Value| {
+        let url = format!("http://{}/v1/admin/rooms/typo/{route}", srv.addr);
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .bearer_auth("admin-secret-key-1234")
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(
+        post("ttl", serde_json::json!({"lease_ms": 3000})).await,
+        200
+    );
+    let mut a = srv.raw("typo", "alice", true).await;
+    a.until_host().await;
+    let mut b = srv.raw("typo", "bob", true).await;
+    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+        .await;
+    for (route, body) in [
+        ("reassign", serde_json::json!({"participant": "bob"})),
+        ("reassign", serde_json::json!({"To": "bob"})),
+        ("kick", serde_json::json!({"to": "bob"})),
+        (
+            "kick",
+            serde_json::json!({"participant": "bob", "why": "x"}),
+        ),
+        ("ttl", serde_json::json!({})),
+        ("ttl", serde_json::json!({"ttl_ms": 60_000})),
+    ] {
+        assert_eq!(post(route, body.clone()).await, 400, "{route} {body}");
+    }
+    let row = srv
+        .app
+        .store
+        .room(&RoomId::new("typo").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.epoch, Epoch(1), "the host stayed");
+    assert_eq!(
+        row.current.unwrap().assignment.host.unwrap().as_str(),
+        "alice"
+    );
+    // The room's TTL stayed too: the next grant (alice leaves, bob is elected) carries it.
+    drop(a);
+    let asg = b
+        .until(|m| match m {
+            ServerMsg::Assignment(x) if x.assignment.epoch == Epoch(2) => {
+                Some(x.assignment.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(asg.lease_ms, 3000);
+    // `null` is still the way back to the default.
+    assert_eq!(
+        post("ttl", serde_json::json!({"lease_ms": null})).await,
+        200
+    );
+}
+
 #[tokio::test]
 async fn lowering_the_ttl_under_a_live_host_does_not_fail_it_over() {
     let srv = start(hostlease_server::Config {
