@@ -1035,6 +1035,27 @@ async fn run_group(
     Ok(())
 }
 
+/// A pool of `opts`, its first connection retried while the file is busy: switching a file to
+/// WAL (the first connection's `journal_mode` pragma) is refused `database is locked` at once,
+/// not after the busy timeout, while another process is doing it too.
+async fn connect(pool: SqlitePoolOptions, opts: &SqliteConnectOptions) -> StoreResult<SqlitePool> {
+    let mut tries = 0;
+    loop {
+        match pool.clone().connect_with(opts.clone()).await {
+            Err(sqlx::Error::Database(e))
+                if tries < 200
+                    && e.code()
+                        .and_then(|c| c.parse::<i32>().ok())
+                        .is_some_and(|c| c & 0xff == 5) =>
+            {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            r => return Ok(r?),
+        }
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` (`sqlite://path`) and applies migrations.
     pub async fn open(url: &str) -> StoreResult<Self> {
@@ -1050,15 +1071,16 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .connect_with(opts.clone())
-            .await?;
-        sqlx::migrate!("./migrations").run(&writer).await?;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(opts)
-            .await?;
+        let writer = connect(SqlitePoolOptions::new().max_connections(1), &opts).await?;
+        // In one write transaction: sqlx's SQLite migrator takes no lock, so processes started
+        // together each read the applied list and all but one failed on `table rooms already
+        // exists`. Here the others wait (the busy timeout) and then find them applied; each
+        // migration becomes a savepoint.
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        // (`run_direct`: `run` on a transaction's connection does not compile in a `Send` future.)
+        sqlx::migrate!("./migrations").run_direct(&mut *tx).await?;
+        tx.commit().await?;
+        let pool = connect(SqlitePoolOptions::new().max_connections(4), &opts).await?;
         Ok(Self {
             pool,
             group: GroupCommit::start(writer.clone()),
@@ -1119,8 +1141,19 @@ pub fn prune_sql() -> [String; 7] {
              WHERE created_at < {NOW} - ?1 AND webhook_done_at IS NOT NULL \
              AND notified_at IS NOT NULL LIMIT {PRUNE_BATCH})"
         ),
-        // And any (bound: an hour without a webhook, its 24 h with one: given up).
-        aged("outbox", "id", "created_at", " AND notified_at IS NOT NULL"),
+        // And any (bound: an hour without a webhook, its 24 h with one: given up). A row a
+        // webhook worker has claimed (`webhook_next_at` set, about 200 ms after its commit) is
+        // kept its 24 h whatever this process's configuration: another process on the file
+        // may be the one delivering it.
+        aged(
+            "outbox",
+            "id",
+            "created_at",
+            &format!(
+                " AND notified_at IS NOT NULL \
+                 AND (webhook_next_at = 0 OR created_at < {NOW} - {WEBHOOK_RETENTION_MS})"
+            ),
+        ),
         format!(
             "DELETE FROM log WHERE rowid IN (SELECT rowid FROM log WHERE room = ?1 AND seq <= ?2 \
              LIMIT {PRUNE_BATCH})"
