@@ -72,13 +72,13 @@ async fn rate_limit(
 
 /// 429 with `body` and a `Retry-After` of `ms` in whole seconds (at least 1).
 fn too_many_requests(ms: u64, body: impl IntoResponse) -> Response {
+    retry_after(StatusCode::TOO_MANY_REQUESTS, ms, body)
+}
+
+/// `status` with a `Retry-After` of `ms` in whole seconds (at least 1).
+fn retry_after(status: StatusCode, ms: u64, body: impl IntoResponse) -> Response {
     let secs = ms.div_ceil(1000).max(1).to_string();
-    (
-        StatusCode::TOO_MANY_REQUESTS,
-        [(header::RETRY_AFTER, secs)],
-        body,
-    )
-        .into_response()
+    (status, [(header::RETRY_AFTER, secs)], body).into_response()
 }
 
 /// What a browser app served from another origin may read: snapshots, its inbox (the join token
@@ -337,15 +337,6 @@ async fn command(
     )
     .await;
     drop(hub);
-    if let Outcome::Rejected {
-        code: RejectCode::RateLimited,
-        retry_after_ms: Some(ms),
-        ..
-    } = &outcome
-    {
-        // Over the room's bytes: a 429 with its `Retry-After`, as past the participant's rate.
-        return too_many_requests(*ms, json_body(&outcome));
-    }
     let status = match &outcome {
         Outcome::Accepted { .. } => StatusCode::OK,
         Outcome::Rejected { code, .. } => match code {
@@ -357,7 +348,15 @@ async fn command(
             _ => StatusCode::CONFLICT,
         },
     };
-    (status, json_body(&outcome)).into_response()
+    // A retry time in the body is in the header too (an HTTP client reads that one): over the
+    // room's bytes (429, as past the participant's rate), or a store too far behind (503).
+    match &outcome {
+        Outcome::Rejected {
+            retry_after_ms: Some(ms),
+            ..
+        } => retry_after(status, *ms, json_body(&outcome)),
+        _ => (status, json_body(&outcome)).into_response(),
+    }
 }
 
 #[derive(Deserialize)]

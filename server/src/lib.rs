@@ -148,6 +148,14 @@ impl Config {
             MAX_TOKEN_LEN,
         };
         let t = self.action_table();
+        // The host list is looked at first: a participant action also listed there (or named
+        // like a built-in one) would be refused to every participant.
+        if let Some(a) = t.participant.iter().find(|a| t.host.contains(a)) {
+            return Err(format!(
+                "{a} is both a host and a participant action (host.resign and host.transfer are \
+                 built-in host actions): participants could never send it"
+            ));
+        }
         let count = t.host.len() + t.participant.len();
         if count > MAX_ACTIONS {
             return Err(format!(
@@ -427,5 +435,14 @@ mod tests {
         assert!(err.starts_with("the participant actions"), "{err}");
         let err = with(100, 1, 27).check_actions().unwrap_err();
         assert!(err.starts_with("the host actions"), "{err}");
+        // An action in both lists, a built-in one among the participant actions.
+        for (host, participant) in [("vote", "vote"), ("poll.open", "host.resign")] {
+            let mut c = Config::default();
+            c.actions.host = vec![Action::new(host).unwrap()];
+            c.actions.participant =
+                vec![Action::new("x").unwrap(), Action::new(participant).unwrap()];
+            let err = c.check_actions().unwrap_err();
+            assert!(err.starts_with(&format!("{participant} is both")), "{err}");
+        }
     }
 }

@@ -92,8 +92,9 @@ struct ServeArgs {
     /// HMAC-SHA256 key of the webhook's `X-Hostlease-Signature` header.
     #[arg(long, env = "HOSTLEASE_WEBHOOK_SECRET", hide_env_values = true)]
     webhook_secret: Option<String>,
-    /// Host lease TTL in milliseconds.
-    #[arg(long, env = "HOSTLEASE_LEASE_MS", default_value_t = 6000)]
+    /// Host lease TTL in milliseconds (30 ms..24 h, as the admin API's per-room TTL).
+    #[arg(long, env = "HOSTLEASE_LEASE_MS", default_value_t = 6000,
+          value_parser = clap::value_parser!(u64).range(30..=86_400_000))]
     lease_ms: u64,
     /// Lease sweeper / publisher poll interval in milliseconds.
     #[arg(long, env = "HOSTLEASE_SWEEP_MS", default_value_t = 100)]
@@ -118,11 +119,18 @@ struct ServeArgs {
         default_value = "vote"
     )]
     participant_actions: Vec<String>,
-    #[arg(long, env = "HOSTLEASE_MAX_ROOMS", default_value_t = 10_000)]
+    /// Rooms open on this process (at least 1: 0 refused every join and every HTTP call).
+    #[arg(long, env = "HOSTLEASE_MAX_ROOMS", default_value_t = 10_000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_rooms: usize,
-    #[arg(long, env = "HOSTLEASE_MAX_MEMBERS", default_value_t = 1000)]
+    /// Members of one room (at least 1).
+    #[arg(long, env = "HOSTLEASE_MAX_MEMBERS", default_value_t = 1000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_members: usize,
-    #[arg(long, env = "HOSTLEASE_MAX_CONNECTIONS", default_value_t = 20_000)]
+    /// Connections to this process in all (at least 1: 0 closed every connection, `/healthz`'s
+    /// too).
+    #[arg(long, env = "HOSTLEASE_MAX_CONNECTIONS", default_value_t = 20_000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_connections: usize,
     /// Open WebSockets per client address (an IPv6 client counts by its /64); one more is
     /// refused `too_many_connections`. Plain HTTP connections are capped apart at as many per
@@ -147,9 +155,10 @@ struct ServeArgs {
     room_bytes_rate: f64,
     /// A session the server has sent nothing for this long gets a heartbeat, and one it has heard
     /// nothing from (not even the pong its browser sends for a ping) for three times this is
-    /// given up (1..=15000 ms; the SDK presumes a server silent for 20 s gone).
+    /// given up (1000..=15000 ms: below a second, a client a slow round trip away would be given
+    /// up while answering; the SDK presumes a server silent for 20 s gone).
     #[arg(long, env = "HOSTLEASE_HEARTBEAT_MS", default_value_t = hostlease::protocol::codec::HEARTBEAT_MS,
-          value_parser = clap::value_parser!(u64).range(1..=hostlease::protocol::codec::HEARTBEAT_MS))]
+          value_parser = clap::value_parser!(u64).range(1000..=hostlease::protocol::codec::HEARTBEAT_MS))]
     heartbeat_ms: u64,
     /// HTTP requests per second per address (burst is twice this).
     #[arg(long, env = "HOSTLEASE_HTTP_RATE", default_value_t = 50.0)]
@@ -277,7 +286,8 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         // database or a key file.
         let mut join_keys = Verifier::default();
         for s in &a.app_public_keys {
-            let (kid, x) = s.split_once(':').ok_or("app public key must be kid:x")?;
+            // The key is the part after the last `:` (a kid may hold `:`, base64url never).
+            let (kid, x) = s.rsplit_once(':').ok_or("app public key must be kid:x")?;
             join_keys.add(&PublicKey {
                 kid: hostlease::protocol::KeyId::new(kid).map_err(|e| e.to_string())?,
                 alg: "Ed25519".into(),
@@ -288,7 +298,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             join_keys.add(&Keypair::load(p)?.public())?;
         }
         let dev_key = if a.dev {
-            let k = Keypair::generate_random_kid("dev");
+            let k = Keypair::generate_random_kid("dev")?;
             join_keys.add(&k.public())?;
             tracing::warn!("DEV MODE IS ON: POST /dev/token mints join tokens for anyone. Never run this in production.");
             Some(k)
@@ -316,7 +326,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
             }
         }
         let cfg = Config {
-            lease_ms: a.lease_ms.max(30),
+            lease_ms: a.lease_ms,
             actions: hostlease::protocol::ActionTable {
                 host: actions(&a.host_actions)?,
                 participant: actions(&a.participant_actions)?,

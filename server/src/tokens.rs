@@ -53,11 +53,14 @@ impl Keypair {
         }
     }
 
-    /// A fresh key with a random kid.
-    pub fn generate_random_kid(prefix: &str) -> Self {
+    /// A fresh key with a random kid after `prefix` (refused if that makes no valid kid: a
+    /// prefix with a space, or too long).
+    pub fn generate_random_kid(prefix: &str) -> Result<Self, String> {
         let mut b = [0u8; 6];
         getrandom::fill(&mut b).expect("operating system random source");
-        Self::generate(&format!("{prefix}-{}", URL_SAFE_NO_PAD.encode(b)))
+        let kid = format!("{prefix}-{}", URL_SAFE_NO_PAD.encode(b));
+        KeyId::new(kid.as_str()).map_err(|e| format!("key id prefix {prefix:?}: {e}"))?;
+        Ok(Self::generate(&kid))
     }
 
     pub fn to_json(&self) -> String {
@@ -93,7 +96,7 @@ impl Keypair {
         if path.exists() {
             return Self::load(path);
         }
-        let k = Self::generate_random_kid(prefix);
+        let k = Self::generate_random_kid(prefix)?;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         }
@@ -169,8 +172,12 @@ impl Verifier {
             .try_into()
             .map_err(|_| "bad public key length".to_string())?;
         let vk = VerifyingKey::from_bytes(&arr).map_err(|_| "bad public key".to_string())?;
-        self.keys.insert(pk.kid.clone(), vk);
-        Ok(())
+        // Two keys under one kid: the later replaced the earlier, and every token signed with
+        // that one was refused `unauthorized`.
+        match self.keys.insert(pk.kid.clone(), vk) {
+            Some(old) if old != vk => Err(format!("two different keys with key id {}", pk.kid)),
+            _ => Ok(()),
+        }
     }
 
     /// No key: every token is refused.
@@ -310,5 +317,21 @@ mod tests {
             v.verify::<JoinClaims>(JOIN_PREFIX, &forged).unwrap_err(),
             TokenError::BadSignature
         );
+    }
+
+    /// Two keys under one kid (a rotation listing the old and the new key by the same name) are
+    /// refused: the later silently replaced the earlier. The same key twice is not a conflict.
+    #[test]
+    fn two_keys_under_one_kid_are_refused() {
+        let (a, b) = (Keypair::generate("k"), Keypair::generate("k"));
+        let err = Verifier::from_keys(&[a.public(), b.public()])
+            .err()
+            .unwrap();
+        assert_eq!(err, "two different keys with key id k");
+        assert!(Verifier::from_keys(&[a.public(), a.public()]).is_ok());
+        // A random kid after a prefix that makes no valid kid is an error, not a panic.
+        assert!(Keypair::generate_random_kid("my app").is_err());
+        assert!(Keypair::generate_random_kid(&"p".repeat(200)).is_err());
+        assert!(Keypair::generate_random_kid("acme:prod").is_ok());
     }
 }

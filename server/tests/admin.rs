@@ -274,6 +274,29 @@ fn cli_keygen_token_and_graceful_shutdown() {
         .verify(hostlease_server::tokens::JOIN_PREFIX, token.trim())
         .unwrap();
     assert!(c.may_host);
+    // A key id prefix may hold `:` (the kid does): the printed `kid:x` is what `serve
+    // --app-public-key` takes (it split at the first `:`). One that makes no kid is an error.
+    let colon = dir.path().join("colon.json");
+    let out = std::process::Command::new(bin)
+        .args(["keygen", "--kid-prefix", "acme:prod", "--out"])
+        .arg(&colon)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let public = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("public key (pass to serve --app-public-key): "))
+        .unwrap()
+        .to_string();
+    assert!(public.starts_with("acme:prod-"), "{public}");
+    let out = std::process::Command::new(bin)
+        .args(["keygen", "--kid-prefix", "a b", "--out"])
+        .arg(dir.path().join("space.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "an error, not a panic");
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: key id prefix"));
     // A token that would be born expired is refused.
     let out = std::process::Command::new(bin)
         .args(["token", "--key", key.to_str().unwrap()])
@@ -382,11 +405,37 @@ fn cli_keygen_token_and_graceful_shutdown() {
             "{flag}={rate}: {err}"
         );
     }
+    // Limits that would break every session or every lease are refused by the flag's range:
+    // no room, member or connection at all; a lease past 24 h (one past i64 went negative in
+    // the store: every lease lapsed as granted); a heartbeat under a second (a client a slow
+    // round trip away given up while answering).
+    for (flag, value) in [
+        ("--max-rooms", "0"),
+        ("--max-members", "0"),
+        ("--max-connections", "0"),
+        ("--lease-ms", "9223372036854775808"),
+        ("--lease-ms", "86400001"),
+        ("--lease-ms", "29"),
+        ("--heartbeat-ms", "999"),
+    ] {
+        let err = refused_at_start(serve("limits").arg("--dev").arg(format!("{flag}={value}")));
+        assert!(
+            err.contains("invalid value") && err.contains(flag),
+            "{flag}={value}: {err}"
+        );
+    }
 
     // SIGTERM: the server exits cleanly.
     std::fs::copy(&key, dir.path().join("app-key.json")).unwrap();
     let db = format!("sqlite://{}", dir.path().join("s.db").display());
-    let mut p = spawn_proc(&db, dir.path(), "term", 1000, &[]);
+    // (With the `acme:prod-…` public key keygen printed above: it starts.)
+    let mut p = spawn_proc(
+        &db,
+        dir.path(),
+        "term",
+        1000,
+        &["--app-public-key", &public],
+    );
     let pid = p.child.id();
     let st = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])

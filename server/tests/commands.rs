@@ -750,3 +750,25 @@ async fn a_payload_too_deep_or_too_long_is_refused_and_replays_stay_decodable() 
         .max();
     assert_eq!(deepest, Some(MAX_PAYLOAD_DEPTH));
 }
+
+/// A store too far behind answers an HTTP command 503 with its retry time in `Retry-After` too
+/// (it was in the body only; an HTTP client reads the header).
+#[tokio::test]
+async fn a_busy_store_s_503_carries_retry_after() {
+    let srv = start_with(test_config(), |s| s.max_queued_commands = 0).await;
+    let mut m = srv.raw("busy", "mallory", false).await;
+    let cap = m.participant_token().await;
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/rooms/busy/commands", srv.addr))
+        .bearer_auth(cap.expose())
+        .header("Idempotency-Key", "k1")
+        .json(&serde_json::json!({"action": "vote", "payload": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "unavailable", "{body}");
+    assert_eq!(body["retry_after_ms"], 500, "{body}");
+}

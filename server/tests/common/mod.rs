@@ -47,9 +47,15 @@ pub fn test_config() -> Config {
 }
 
 pub async fn start(cfg: Config) -> TestServer {
+    start_with(cfg, |_| {}).await
+}
+
+/// [`start`] with the store set up by `setup` first.
+pub async fn start_with(cfg: Config, setup: impl FnOnce(&mut SqliteStore)) -> TestServer {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = format!("sqlite://{}", dir.path().join("h.db").display());
-    let store = SqliteStore::open(&db).await.expect("open store");
+    let mut store = SqliteStore::open(&db).await.expect("open store");
+    setup(&mut store);
     let app_key = Keypair::generate("app-1");
     let join = Verifier::from_keys(&[app_key.public()]).expect("verifier");
     // With `dev`, `/dev/token` signs with the app key.
