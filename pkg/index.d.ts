@@ -44,7 +44,7 @@ export declare class HostleaseError extends Error {
 export declare class UsageError extends HostleaseError {}
 export declare class CommandError extends HostleaseError {
   /** The server's rejection code when `code` is `Rejected` (`bad_request`, `rate_limited`, ...). */
-  reason?: string;
+  reason?: string | undefined;
 }
 export declare class ConnectionError extends HostleaseError {}
 export declare class ProtocolError extends HostleaseError {}
@@ -137,7 +137,8 @@ export interface EventMap {
   discontinuity: { from: number; to: number };
   /** `closed` is the last event a room delivers, but for pending commands' outcomes. */
   connection: { phase: Phase };
-  /** `held` for a new host: from then on it may issue host commands (`view.amHost`). */
+  /** `held` for a new host: from then on it may issue host commands (`view.amHost`). Said
+   * again when the host's token comes after the lease (a resume's welcome brings the lease). */
   lease: { state: LeaseState };
   /** `reason`: the server's rejection code when `code` is `Rejected` (`bad_request`, ...). */
   command: { id: string; state: "queued" | "accepted" | "failed"; seq?: number; code?: string; reason?: string | undefined };

@@ -443,6 +443,7 @@ export class Room {
     if (this._closed) return;
     this._closed = true;
     clearTimeout(this._refreshTimer);
+    clearTimeout(this._keysTimer);
     // The driver first: peers let go of then change nothing (no `provisional` while closing).
     this._driver.close();
     for (const id of [...this._peers.keys()]) this.detachPeer(id);
@@ -630,20 +631,28 @@ export class Room {
     // Nothing follows `connection: closed` but command outcomes: not the rest of a step in which
     // a listener closed the room (its close() announced `closed` first), nor a token fetch or a
     // relay check that finishes after it.
-    // (Asked before each listener: the one before may have closed the room.)
-    for (const listener of this._listeners.get(type) ?? []) {
-      if (this._ended && type !== "command") return;
-      try {
-        listener(payload);
-      } catch (err) {
-        // A throwing listener never stops delivery to the others, nor breaks the SDK. Its error
-        // goes to the page, as an event listener's does (the console shows it, `onerror` gets
-        // it), and to the `error` listeners (but an `error` listener's, which would loop).
-        globalThis.reportError?.(err);
-        if (type !== "error") {
-          this._emit("error", new UsageError(ErrorCode.ListenerError, `a "${type}" listener threw`, { cause: err }));
+    // (Asked before each listener: the one before may have closed the room.) What a listener's
+    // own call makes the driver emit waits for the other listeners of this event, whatever
+    // emitted it (a step, a relay checked, a fast-path event).
+    this._held++;
+    try {
+      for (const listener of this._listeners.get(type) ?? []) {
+        if (this._ended && type !== "command") return;
+        try {
+          listener(payload);
+        } catch (err) {
+          // A throwing listener never stops delivery to the others, nor breaks the SDK. Its
+          // error goes to the page, as an event listener's does (the console shows it,
+          // `onerror` gets it), and to the `error` listeners (but an `error` listener's, which
+          // would loop).
+          globalThis.reportError?.(err);
+          if (type !== "error") {
+            this._emit("error", new UsageError(ErrorCode.ListenerError, `a "${type}" listener threw`, { cause: err }));
+          }
         }
       }
+    } finally {
+      if (!--this._held) this._onEvents();
     }
   }
 
@@ -677,7 +686,8 @@ export class Room {
       })();
       // After a first read fails, relays wait a minute before the keys are read again.
       if (known) this._keys = this._keys.catch(() => known);
-      else this._keys.catch(() => setTimeout(() => (this._keys = null), 60_000));
+      // (Not once closed: the timer would hold the room for a minute.)
+      else this._keys.catch(() => this._closed || (this._keysTimer = setTimeout(() => (this._keys = null), 60_000)));
     }
     return this._keys;
   }

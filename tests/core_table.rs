@@ -763,6 +763,34 @@ fn host_command_gating_reports_typed_errors() {
     drop(v);
 }
 
+/// A host whose lease comes before its capability (a welcome naming it with the lease's time
+/// left: a resume after the role came back to its session) is told when it may act: the
+/// capability's arrival is a `Lease` event. Nothing said so, and `lease: held` had been
+/// announced while host commands were refused `NoCapability`.
+#[test]
+fn the_capability_that_lets_a_held_lease_act_is_announced() {
+    let mut w = HostView::new(config());
+    w.handle_connected(at(0), Token::new("jt"));
+    let snap = snapshot(
+        assignment(2, 2, Some("a")),
+        vec![member("a", 1)],
+        Some(3000),
+    );
+    w.handle_server(at(1), welcome("a", snap, vec![]));
+    let (_, ev) = drain(&mut w);
+    assert!(matches!(w.lease(), LeaseState::Held { .. }));
+    assert!(ev.contains(&Event::Lease(w.lease())), "{ev:?}");
+    assert!(!w.has_authority(at(1)));
+    w.handle_server(at(3), host_cap(1));
+    assert_eq!(drain(&mut w).1, vec![], "another epoch's token");
+    w.handle_server(at(5), host_cap(2));
+    assert!(w.has_authority(at(5)));
+    assert_eq!(drain(&mut w).1, vec![Event::Lease(w.lease())]);
+    // A refreshed token changes nothing the app sees.
+    w.handle_server(at(7), host_cap(2));
+    assert_eq!(drain(&mut w).1, vec![]);
+}
+
 #[test]
 fn host_commands_carry_the_token_epoch_and_a_fresh_key() {
     let mut v = live("a", "a", 2);

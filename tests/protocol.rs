@@ -456,6 +456,26 @@ fn protocol_rules_beyond_shape_are_enforced() {
         online: true,
     });
     assert!(matches!(decode_server(&text), Err(DecodeError::Invalid(_))));
+    // An over-long signature, on an assignment or on a rejection's (adopted and relayed to
+    // peers like any other: it was not checked there).
+    let mut long: SignedAssignment = assignment(2, 2, Some("a")).into();
+    long.sig = Some("s".repeat(codec::MAX_SIG_LEN + 1));
+    for msg in [
+        ServerMsg::Assignment(long.clone()),
+        ServerMsg::CommandResult {
+            id: IdempotencyKey::new("k").unwrap(),
+            outcome: Outcome::Rejected {
+                code: RejectCode::StaleEpoch,
+                current: Some(long),
+                retry_after_ms: None,
+            },
+        },
+    ] {
+        assert!(matches!(
+            decode_server(&encode_server(&msg)),
+            Err(DecodeError::Invalid("signature too long"))
+        ));
+    }
 }
 
 #[test]

@@ -172,6 +172,21 @@ test("what a listener's own call makes the driver emit comes after the rest of t
   room.close();
 });
 
+test("what a listener's own call makes comes after the other listeners of its event, a relay's too", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const seen = [];
+  room.on("relay", ({ reason }) => {
+    seen.push(`relay 1 ${reason}`);
+    room.command("vote", { option: 1 }).catch(() => {});
+  });
+  room.on("relay", () => seen.push("relay 2"));
+  room.on("command", ({ state }) => seen.push(state));
+  room._onEvents(JSON.stringify([{ type: "connection", phase: "offline" }]));
+  await room._onRelay("p", { room: "another" }); // reported at once, not from a step
+  assert.deepEqual(seen, ["relay 1 unsigned", "relay 2", "queued"]);
+  room.close();
+});
+
 test("a delivery that fails part-way does not stop the next steps' events", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const seen = [];
@@ -632,9 +647,10 @@ test("where WebCrypto has no Ed25519, relays are ignored and one RelayUnsupporte
     if ((alg?.name ?? alg) === "Ed25519") return Promise.reject(new DOMException("Unrecognized name.", "NotSupportedError"));
     return realImport.call(this, format, data, alg, ...rest);
   };
-  // The keys are read again a minute after a failed read: that timer must not hold this test.
-  const realSetTimeout = globalThis.setTimeout;
-  globalThis.setTimeout = (...args) => realSetTimeout(...args).unref();
+  // The keys are read again a minute after a failed read; close() clears that timer (it held
+  // the closed room, and this test, for a minute).
+  const timers = () => process.getActiveResourcesInfo().filter((r) => r === "Timeout").length;
+  const before = timers();
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
   try {
     const errors = [];
@@ -648,11 +664,11 @@ test("where WebCrypto has no Ed25519, relays are ignored and one RelayUnsupporte
     assert.deepEqual(errors, [["ProtocolError", "RelayUnsupported"]], "one warning, not one per relay");
     assert.equal(room.view.epoch, null, "an unverified relay reached the view");
   } finally {
-    globalThis.setTimeout = realSetTimeout;
     subtle.importKey = realImport;
     room.close();
     server.close();
   }
+  assert.equal(timers(), before, "a timer of the closed room is still set");
 });
 
 test("an assignment whose reason this SDK does not know is not relayed (the copy would not verify)", async () => {

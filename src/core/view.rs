@@ -733,7 +733,13 @@ impl HostView {
                 match role {
                     Role::Host => {
                         if epoch.is_some() && epoch == self.epoch() && self.is_named_host() {
-                            self.host_grant = Some(grant);
+                            // A lease already held (a welcome's, before its capability) may act
+                            // from now on: said again, or nothing would tell the app.
+                            if self.host_grant.replace(grant).is_none()
+                                && matches!(self.lease, LeaseState::Held { .. })
+                            {
+                                self.events.push_back(Event::Lease(self.lease));
+                            }
                         }
                     }
                     Role::Participant => {

@@ -263,7 +263,15 @@ fn validate_server(msg: &ServerMsg) -> Result<(), DecodeError> {
             check(missed.len() <= MAX_REPLAY, "too many replayed items")?;
             missed.iter().try_for_each(validate_item)
         }
-        ServerMsg::Assignment(a) => {
+        // A rejection's assignment is adopted, and relayed to peers, like any other.
+        ServerMsg::Assignment(a)
+        | ServerMsg::CommandResult {
+            outcome:
+                super::messages::Outcome::Rejected {
+                    current: Some(a), ..
+                },
+            ..
+        } => {
             validate_assignment(&a.assignment)?;
             validate_sig(&a.sig)
         }
@@ -276,13 +284,6 @@ fn validate_server(msg: &ServerMsg) -> Result<(), DecodeError> {
             check(joined.len() + left.len() <= MAX_MEMBERS, "too many members")?;
             joined.iter().chain(left).try_for_each(validate_member)
         }
-        ServerMsg::CommandResult {
-            outcome:
-                super::messages::Outcome::Rejected {
-                    current: Some(a), ..
-                },
-            ..
-        } => validate_assignment(&a.assignment),
         ServerMsg::Discontinuity(g) => validate_gap(g),
         ServerMsg::Error { message, .. } => {
             check(message.len() <= MAX_MESSAGE_LEN, "error message too long")

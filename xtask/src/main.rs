@@ -436,9 +436,11 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
         zeroed.locations,
         if zeroed.digits { "zeroed" } else { "kept: something reads it" }
     );
+    // Flattened and re-reloop'd, then -Oz and -Os to convergence: 200 to 280 bytes less brotli
+    // than -Oz alone (measured on this core; -Os after -Oz inlines and folds differently).
     run(
-        "wasm-opt -Oz again (the zeroed text packed away)",
-        &mut wasm_opt(&["-Oz"]),
+        "wasm-opt again (the zeroed text packed away; --flatten --rereloop -Oz -Os --converge)",
+        &mut wasm_opt(&["--flatten", "--rereloop", "-Oz", "-Os", "--converge"]),
     )?;
     // The licence texts go into the package (npm packs `LICENSE*` at its root); one copy of
     // each stays in git, at the repository's root.
