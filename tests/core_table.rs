@@ -1062,6 +1062,20 @@ fn a_host_command_sent_is_decided_by_its_result_not_by_the_next_epoch() {
     assert!(ev.contains(&stale(&key)), "{ev:?}");
     v.handle_timeout(at(60_000));
     assert!(v.poll_transmit().is_none());
+    // So does one whose retryable refusal brings the new epoch itself (`unavailable` carries
+    // the room's assignment): it was kept as in flight while adopting it, then resent after
+    // its backoff into an epoch that is over and failed `Interrupted`.
+    let mut v = live("a", "a", 2);
+    let key = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    let outcome = Outcome::Rejected {
+        code: RejectCode::Unavailable,
+        current: Some(assignment(3, 3, Some("b")).into()),
+        retry_after_ms: Some(500),
+    };
+    let ev = result(&mut v, 21, &key, outcome);
+    assert!(ev.contains(&stale(&key)), "{ev:?}");
+    assert_eq!(v.pending().count(), 0);
 }
 
 #[test]

@@ -1167,7 +1167,11 @@ impl HostView {
                 current,
                 retry_after_ms,
             } => {
+                // Answered: no longer in flight, so a newer epoch this brings fails a host
+                // command of an older one now (a retryable refusal would have been resent in
+                // an epoch that is over, and failed `Interrupted`).
                 if let Some(a) = current {
+                    self.commands[i].state = CmdState::Backoff { until: now };
                     self.adopt(a, Source::Server);
                 }
                 if matches!(code, RejectCode::StaleEpoch | RejectCode::NotHost) {

@@ -423,8 +423,8 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     let mut bytes = std::fs::read(&wasm).map_err(|e| format!("read {}: {e}", wasm.display()))?;
     let glue = minify::rename_in_glue(&glue, &minify::parse_report(&report)?, &bytes)?;
     eprintln!(
-        "\n==> the glue's initSync, deprecated-parameter warning and encodeInto polyfill dropped \
-         (unreachable from the wrapper)"
+        "\n==> the glue's initSync, deprecated-parameter warning, encodeInto polyfill and \
+         Driver.free() dropped (unreachable from the wrapper)"
     );
     let glue = minify::drop_unreachable(&glue)?;
     std::fs::write(&glue_path, glue).map_err(|e| format!("write {}: {e}", glue_path.display()))?;

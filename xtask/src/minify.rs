@@ -231,12 +231,20 @@ fn replace_once(text: &str, from: &str, to: &str) -> Option<String> {
 /// wasm-bindgen's `encodeInto` polyfill, as it writes it.
 const POLYFILL: &str = "if (!('encodeInto' in cachedTextEncoder)) {\n    cachedTextEncoder.encodeInto = function (arg, view) {\n        const buf = cachedTextEncoder.encode(arg);\n        view.set(buf);\n        return {\n            read: arg.length,\n            written: buf.length\n        };\n    };\n}\n";
 
+/// The `Driver`'s early free, as wasm-bindgen writes it: `free()`, `__destroy_into_raw()` (only
+/// `free` calls it) and the `Symbol.dispose` alias of `free`.
+const FREE: &str = "    __destroy_into_raw() {\n        const ptr = this.__wbg_ptr;\n        this.__wbg_ptr = 0;\n        DriverFinalization.unregister(this);\n        return ptr;\n    }\n    free() {\n        const ptr = this.__destroy_into_raw();\n";
+const DISPOSE: &str =
+    "if (Symbol.dispose) Driver.prototype[Symbol.dispose] = Driver.prototype.free;\n";
+
 /// The glue without what the wrapper cannot reach: `initSync` (the wrapper loads the module with
 /// the glue's async default export only, and the package exports its wrapper alone, `"."`), that
 /// init's warning about deprecated parameters (the wrapper passes `{ module_or_path }` or
-/// nothing), and the `TextEncoder.encodeInto` polyfill (every browser that parses the wrapper,
+/// nothing), the `TextEncoder.encodeInto` polyfill (every browser that parses the wrapper,
 /// ES2022 with private class fields, has `encodeInto`: Chrome 74, Firefox 66, Safari 14.1; Node
-/// 12). Strict too: a glue not written as wasm-bindgen 0.2 writes them is an error.
+/// 12), and the `Driver`'s `free()` with its `Symbol.dispose` alias (the wrapper never frees its
+/// driver early: `close()` stops it, and the glue's `FinalizationRegistry` frees it with its
+/// room). Strict too: a glue not written as wasm-bindgen 0.2 writes them is an error.
 pub fn drop_unreachable(glue: &str) -> Result<String, String> {
     const WARNED: &str = "        } else {\n            console.warn('using deprecated parameters for the initialization function; pass a single object instead')\n        }\n";
     const EXPORT: &str = "export { initSync, __wbg_init as default };";
@@ -265,7 +273,24 @@ pub fn drop_unreachable(glue: &str) -> Result<String, String> {
     }
     let out = replace_once(&out, WARNED, "        }\n")
         .ok_or_else(|| err("not one warning about the init's deprecated parameters"))?;
-    replace_once(&out, POLYFILL, "").ok_or_else(|| err("not one encodeInto polyfill"))
+    let out = replace_once(&out, POLYFILL, "").ok_or_else(|| err("not one encodeInto polyfill"))?;
+    let out = replace_once(&out, DISPOSE, "").ok_or_else(|| err("not one Symbol.dispose alias"))?;
+    // `free()` to its end: one call into the module, then the method's close.
+    let [start] = out.match_indices(FREE).map(|(i, _)| i).collect::<Vec<_>>()[..] else {
+        return Err(err("not one Driver.free()"));
+    };
+    let body = start + FREE.len();
+    let end = body
+        + out[body..]
+            .find("\n    }\n")
+            .filter(|&n| !out[body..body + n].contains('\n'))
+            .ok_or_else(|| err("Driver.free() is longer than one call"))?
+        + "\n    }\n".len();
+    let out = format!("{}{}", &out[..start], &out[end..]);
+    if out.contains("__destroy_into_raw") || out.contains(".free") {
+        return Err(err("Driver.free() is named elsewhere too"));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -385,10 +410,10 @@ const mem = () => wasm.memory.buffer; const driver_new = 1; const o = { memory: 
     #[test]
     fn what_the_wrapper_cannot_reach_is_dropped_and_nothing_else() {
         let warned = "        if (o) {\n            ({m} = m)\n        } else {\n            console.warn('using deprecated parameters for the initialization function; pass a single object instead')\n        }\n";
-        let glue = format!("function a() {{\n    if (x) {{\n        return 1;\n    }}\n}}\n\nfunction initSync(module) {{\n    if (wasm !== undefined) return wasm;\n    if (m) {{\n        warn('initSync()');\n    }}\n    return f(module);\n}}\n\nasync function i(m) {{\n{warned}}}\nconst cachedTextEncoder = new TextEncoder();\n\n{POLYFILL}\nlet p;\nexport {{ initSync, __wbg_init as default }};\n");
+        let glue = format!("export class Driver {{\n{FREE}        wasm.y(ptr, 0);\n    }}\n    close() {{\n        wasm.z(this.__wbg_ptr);\n    }}\n}}\n{DISPOSE}function a() {{\n    if (x) {{\n        return 1;\n    }}\n}}\n\nfunction initSync(module) {{\n    if (wasm !== undefined) return wasm;\n    if (m) {{\n        warn('initSync()');\n    }}\n    return f(module);\n}}\n\nasync function i(m) {{\n{warned}}}\nconst cachedTextEncoder = new TextEncoder();\n\n{POLYFILL}\nlet p;\nexport {{ initSync, __wbg_init as default }};\n");
         assert_eq!(
             drop_unreachable(&glue).unwrap(),
-            "function a() {\n    if (x) {\n        return 1;\n    }\n}\n\n\nasync function i(m) {\n        if (o) {\n            ({m} = m)\n        }\n}\nconst cachedTextEncoder = new TextEncoder();\n\n\nlet p;\nexport { __wbg_init as default };\n"
+            "export class Driver {\n    close() {\n        wasm.z(this.__wbg_ptr);\n    }\n}\nfunction a() {\n    if (x) {\n        return 1;\n    }\n}\n\n\nasync function i(m) {\n        if (o) {\n            ({m} = m)\n        }\n}\nconst cachedTextEncoder = new TextEncoder();\n\n\nlet p;\nexport { __wbg_init as default };\n"
         );
         for bad in [
             glue.replace("export { initSync, ", "export { "),
@@ -400,6 +425,10 @@ const mem = () => wasm.memory.buffer; const driver_new = 1; const o = { memory: 
                 "deprecated parameters for an",
             ),
             glue.replace("view.set(buf);", "view.set(buf, 0);"),
+            glue.replace("if (Symbol.dispose) ", "if (Symbol.asyncDispose) "),
+            glue.replace("wasm.y(ptr, 0);\n", "wasm.y(ptr, 0);\n        more();\n"),
+            glue.replace("let p;", "let p = d.free();"),
+            glue.replace("    free() {\n", "    release() {\n"),
         ] {
             assert!(drop_unreachable(&bad).is_err(), "{bad}");
         }
