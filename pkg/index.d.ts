@@ -131,6 +131,8 @@ export interface EventMap {
     issuedAt: number;
     assignment: Assignment;
   };
+  /** `null`: no provisional coordinator (live again, or offline with no reachable member that
+   * may host: `connection` says which). */
   provisional: { coordinator: string | null };
   members: { members: Member[] };
   event: RoomEventRecord;
@@ -204,7 +206,8 @@ export declare class Room {
   on<K extends keyof EventMap>(type: K, listener: (payload: EventMap[K]) => void): () => void;
   /** Resolves once the server applied the command; rejects with a `CommandError`: refused here
    * (`NotHost`, `NotAuthoritative`, `LeaseExpired`, `NoCapability`, `UnknownAction`, `BadPayload`, `QueueFull`,
-   * `BadArgument`), by the server (`StaleEpoch`, `IdempotencyConflict`, `Rejected` with its code in `.reason`),
+   * `BadArgument`), by the server (`StaleEpoch`, `NotHost`, `LeaseExpired`, `NoCapability`, `IdempotencyConflict`,
+   * `Rejected` with its code in `.reason`),
    * or unknown (`Timeout`, `Interrupted`, `Closed`). A command already sent once and never
    * answered that a check here refuses when it is due again fails `Interrupted`: the first attempt
    * may have been applied. So does one sent and never answered that would go again 47 h or

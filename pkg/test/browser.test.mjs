@@ -320,7 +320,7 @@ test("a reconnect resyncs: events made while cut off are applied once, in order"
   await closeAll(a, b);
 });
 
-test("a page shown again, or a network change, marks the lease unknown and resyncs; a page going hidden does not", async () => {
+test("a page shown again, or a network change, marks the lease unknown and resyncs; a page going hidden, or a first load's pageshow, does not", async () => {
   const room = newRoom();
   const a = await member(room, "alice", { webrtc: false });
   await amHost(a);
@@ -338,6 +338,7 @@ test("a page shown again, or a network change, marks the lease unknown and resyn
     return [hidden.lease, hidden.phase, shown.lease, shown.phase, shown.amHost];
   });
   assert.deepEqual(hiddenThenShown, ["held", "live", "unknown", "resyncing", false]);
+  // (The page was hidden above: its next pageshow is a return, as from the back-forward cache.)
   for (const type of ["pageshow", "offline", "online"]) {
     // The resync answers and a lease probe confirms the lease again before the next one.
     await amHost(a);
@@ -348,6 +349,21 @@ test("a page shown again, or a network change, marks the lease unknown and resyn
     }, type);
     assert.deepEqual(after, ["unknown", "resyncing"], type);
   }
+  // A pageshow without the page hidden since the last one is a first load's (it fires when
+  // `load` does, which slow images can put after the tab went live as host): nothing changes.
+  // Hidden first, then shown (the back-forward cache), it is a return again.
+  await amHost(a);
+  const shows = await a.page.evaluate(() => {
+    window.dispatchEvent(new PageTransitionEvent("pageshow", { persisted: false }));
+    const first = window.T.view();
+    Object.defineProperty(document, "hidden", { configurable: true, get: () => true });
+    document.dispatchEvent(new Event("visibilitychange"));
+    delete document.hidden;
+    window.dispatchEvent(new PageTransitionEvent("pageshow", { persisted: true }));
+    const restored = window.T.view();
+    return [first.lease, first.phase, first.amHost, restored.lease, restored.phase];
+  });
+  assert.deepEqual(shows, ["held", "live", true, "unknown", "resyncing"]);
   await amHost(a);
   await closeAll(a);
 });

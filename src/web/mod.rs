@@ -170,6 +170,8 @@ struct State {
     /// The instant `timer` is armed for.
     timer_at: Option<Instant>,
     timer_cb: Option<Handler>,
+    /// The page was hidden since the last `pageshow`.
+    hidden: bool,
     reconnect: Backoff,
     attempt: u32,
     /// When the connection last went live: the backoff starts over only after one that lasted
@@ -587,15 +589,23 @@ impl State {
                 let Some(rc) = w.upgrade() else { return };
                 // Becoming hidden changes nothing yet; coming back (and `pageshow`, `online`,
                 // `offline`) means timers were throttled or frozen: the lease cannot be trusted.
-                if name == "visibilitychange"
-                    && rc
-                        .borrow()
-                        .window
-                        .as_ref()
-                        .and_then(|w| w.document())
-                        .is_some_and(|d| d.hidden())
+                // A `pageshow` is a return only after the page was hidden (the back-forward
+                // cache hides it first): the one after a first load, which may come after the
+                // tab went live as host, is not.
                 {
-                    return;
+                    let mut s = rc.borrow_mut();
+                    if name == "visibilitychange"
+                        && s.window
+                            .as_ref()
+                            .and_then(|w| w.document())
+                            .is_some_and(|d| d.hidden())
+                    {
+                        s.hidden = true;
+                        return;
+                    }
+                    if name == "pageshow" && !core::mem::take(&mut s.hidden) {
+                        return;
+                    }
                 }
                 step(&rc, |s, _| {
                     let now = s.now();
@@ -678,6 +688,7 @@ impl Driver {
             timer: None,
             timer_at: None,
             timer_cb: None,
+            hidden: false,
             reconnect: Backoff {
                 base_ms: 500,
                 cap_ms: 15_000,
