@@ -1346,9 +1346,16 @@ fn queue_command(
     } else {
         payload.as_str().len() as f64
     };
-    app.room_bytes
-        .spend(room.id.clone(), charged)
-        .map_err(Refused::Rate)?;
+    if let Err(ms) = app.room_bytes.spend(room.id.clone(), charged) {
+        // Not its sender's command either: the command-rate token it was charged goes back (a
+        // participant whose large payloads wait for the room could send nothing else until its
+        // own rate refilled too). Only a capability that has not expired is charged bytes, and
+        // so had been charged that token, over either transport.
+        let who = sender.map_or(&claims.sub, |(p, _)| p);
+        app.command_limiter
+            .refund((room.id.clone(), who.clone()), 1.0);
+        return Err(Refused::Rate(ms));
+    }
     // A transfer to no one present is refused, but only after the store has looked for an
     // earlier outcome under this key: a retry of an accepted transfer whose target has left
     // since gets that outcome again.

@@ -1306,6 +1306,46 @@ async fn a_burst_of_resumes_is_paced_not_refused() {
 /// to every member. Past them a command is refused `rate_limited` with a retry time, over
 /// WebSocket and over HTTP (429, `Retry-After`); commands the store refuses give their bytes
 /// back; the host's commands are not charged; another room is not held up.
+/// A command the room's bytes refuse does not spend its sender's command rate: a participant
+/// whose large payloads wait for the room could send nothing else until its own rate refilled.
+#[tokio::test]
+async fn a_command_refused_for_room_bytes_keeps_its_command_rate_token() {
+    let srv = start(hostlease_server::Config {
+        msg_rate: 1.0,
+        msg_burst: 2.0,
+        room_bytes_rate: 1.0,
+        room_bytes_burst: 50_000.0,
+        ..test_config()
+    })
+    .await;
+    let text = |n: usize| serde_json::json!({ "t": "x".repeat(n) });
+    let mut bob = srv.raw("rb", "bob", false).await;
+    let pb = ptoken(&mut bob).await;
+    // One command token and 50 kB of the room's 60 kB (a burst holds one largest payload).
+    bob.send(&vote_frame(&pb, "b0", text(50_000))).await;
+    let o = result_of(&mut bob, "b0").await;
+    assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+    for id in ["b1", "b2", "b3"] {
+        bob.send(&vote_frame(&pb, id, text(20_000))).await;
+        let o = result_of(&mut bob, id).await;
+        assert!(
+            matches!(
+                o,
+                Outcome::Rejected {
+                    code: RejectCode::RateLimited,
+                    ..
+                }
+            ),
+            "{id}: {o:?}"
+        );
+    }
+    // Bob's second command token is still there (at 1 a second, the test's few milliseconds
+    // refill almost none of it).
+    bob.send(&vote_frame(&pb, "b4", text(10))).await;
+    let o = result_of(&mut bob, "b4").await;
+    assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+}
+
 #[tokio::test]
 async fn a_room_s_payload_bytes_are_bounded_but_never_shut_the_host_out() {
     let srv = start(hostlease_server::Config {
