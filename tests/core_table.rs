@@ -735,15 +735,7 @@ fn host_command_gating_reports_typed_errors() {
             epoch: Epoch(2),
         },
     );
-    let mut w = HostView::new(config());
-    w.handle_connected(at(0), Token::new("jt"));
-    let snap = snapshot(
-        assignment(2, 2, Some("a")),
-        vec![member("a", 1)],
-        Some(3000),
-    );
-    w.handle_server(at(1), welcome("a", snap, vec![]));
-    drain(&mut w);
+    let (mut w, _) = welcomed_as_host();
     assert_eq!(host_command(&mut w, 2), Err(CommandError::NoCapability));
     // A token for an older epoch does not count.
     w.handle_server(at(3), host_cap(1));
@@ -763,12 +755,9 @@ fn host_command_gating_reports_typed_errors() {
     drop(v);
 }
 
-/// A host whose lease comes before its capability (a welcome naming it with the lease's time
-/// left: a resume after the role came back to its session) is told when it may act: the
-/// capability's arrival is a `Lease` event. Nothing said so, and `lease: held` had been
-/// announced while host commands were refused `NoCapability`.
-#[test]
-fn the_capability_that_lets_a_held_lease_act_is_announced() {
+/// A view whose welcome (at t=1) names it host of epoch 2 with 3 s of lease left, before any
+/// token came; with the welcome's events.
+fn welcomed_as_host() -> (HostView, Vec<Event>) {
     let mut w = HostView::new(config());
     w.handle_connected(at(0), Token::new("jt"));
     let snap = snapshot(
@@ -778,6 +767,16 @@ fn the_capability_that_lets_a_held_lease_act_is_announced() {
     );
     w.handle_server(at(1), welcome("a", snap, vec![]));
     let (_, ev) = drain(&mut w);
+    (w, ev)
+}
+
+/// A host whose lease comes before its capability (a welcome naming it with the lease's time
+/// left: a resume after the role came back to its session) is told when it may act: the
+/// capability's arrival is a `Lease` event. Nothing said so, and `lease: held` had been
+/// announced while host commands were refused `NoCapability`.
+#[test]
+fn the_capability_that_lets_a_held_lease_act_is_announced() {
+    let (mut w, ev) = welcomed_as_host();
     assert!(matches!(w.lease(), LeaseState::Held { .. }));
     assert!(ev.contains(&Event::Lease(w.lease())), "{ev:?}");
     assert!(!w.has_authority(at(1)));

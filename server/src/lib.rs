@@ -137,6 +137,79 @@ impl Config {
         t
     }
 
+    /// Refuses a configuration that would break every session, lease or delivery: an action
+    /// table no client could take ([`Config::check_actions`]), a rate that is not a positive
+    /// number (or a burst under one command or request), a limit of 0, a lease outside 30 ms..24
+    /// h, a heartbeat past the SDK's, a webhook URL this build cannot send to or one without a
+    /// secret of 16 bytes, an admin key under 16 bytes. [`serve`] calls it, so a server embedded
+    /// with [`App::new`] is checked as the CLI's is (the CLI names its flags first).
+    pub fn check(&self) -> Result<(), String> {
+        self.check_actions()?;
+        for (name, rate, burst) in [
+            ("msg_rate", self.msg_rate, self.msg_burst),
+            ("http_rate", self.http_rate, self.http_burst),
+            (
+                "room_bytes_rate",
+                self.room_bytes_rate,
+                self.room_bytes_burst,
+            ),
+        ] {
+            if !(rate > 0.0 && rate.is_finite() && burst >= 1.0) {
+                return Err(format!(
+                    "{name} must be a positive number, with a burst of at least 1"
+                ));
+            }
+        }
+        for (name, n) in [
+            ("max_rooms", self.max_rooms),
+            ("max_members", self.max_members),
+            ("max_connections", self.max_connections),
+            ("max_sockets_per_address", self.max_sockets_per_address),
+        ] {
+            if n == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if !(30..=86_400_000).contains(&self.lease_ms) {
+            return Err("lease_ms must be within 30..=86400000".into());
+        }
+        if !(1..=hostlease::protocol::codec::HEARTBEAT_MS).contains(&self.heartbeat_ms) {
+            return Err(format!(
+                "heartbeat_ms must be within 1..={}",
+                hostlease::protocol::codec::HEARTBEAT_MS
+            ));
+        }
+        // Refused here rather than failing every delivery later (this build speaks no TLS).
+        // The URL is not echoed: it may carry a secret.
+        if let Some(u) = &self.webhook_url {
+            if !reqwest::Url::parse(u).is_ok_and(|u| u.scheme() == "http" && u.has_host()) {
+                return Err(
+                    "--webhook-url must be an http:// URL (no TLS in this build: put a \
+                     TLS-terminating proxy in front of an https receiver)"
+                        .into(),
+                );
+            }
+            // Without a key the signature is an HMAC anyone can compute: a receiver would take
+            // forged deliveries for the room's events.
+            if self.webhook_secret.as_ref().is_none_or(|s| s.len() < 16) {
+                return Err(
+                    "--webhook-url needs --webhook-secret of 16 bytes or more (the key of the \
+                     deliveries' X-Hostlease-Signature; without one anyone can sign a delivery)"
+                        .into(),
+                );
+            }
+        }
+        // The admin key is the whole of the admin API's authentication: a short one is guessed,
+        // and an empty one (an environment variable set to nothing) is a mistake. Not echoed.
+        if self.admin_key.as_ref().is_some_and(|k| k.len() < 16) {
+            return Err(
+                "--admin-key must be 16 bytes or more (leave it unset to turn the admin API off)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// Refuses an action table no client could use: more actions than a snapshot may carry
     /// (`MAX_ACTIONS`, both lists and the built-in ones together), or so many or so long that a
     /// capability listing them, for the longest ids (key id too) the protocol allows, would pass
@@ -328,6 +401,9 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use tower::{Service, ServiceExt};
+    app.cfg
+        .check()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     tokio::pin!(shutdown);
     // A store that does not answer at start is waited for, but not past a shutdown.
     let tasks = tokio::select! {
@@ -420,6 +496,53 @@ mod tests {
                 participant: names('p', participant),
             },
             ..Config::default()
+        }
+    }
+
+    #[test]
+    fn a_configuration_that_breaks_every_session_is_refused() {
+        assert!(Config::default().check().is_ok());
+        let bad = [
+            Config {
+                lease_ms: 29,
+                ..Config::default()
+            },
+            Config {
+                lease_ms: u64::MAX,
+                ..Config::default()
+            },
+            Config {
+                max_rooms: 0,
+                ..Config::default()
+            },
+            Config {
+                msg_rate: f64::NAN,
+                ..Config::default()
+            },
+            Config {
+                http_burst: 0.5,
+                ..Config::default()
+            },
+            Config {
+                heartbeat_ms: 0,
+                ..Config::default()
+            },
+            Config {
+                admin_key: Some("short".into()),
+                ..Config::default()
+            },
+            Config {
+                webhook_url: Some("https://example.invalid/h".into()),
+                webhook_secret: Some("0123456789abcdef".into()),
+                ..Config::default()
+            },
+        ];
+        for c in bad {
+            assert!(
+                c.check().is_err(),
+                "{:?}",
+                (c.lease_ms, c.max_rooms, c.msg_rate)
+            );
         }
     }
 

@@ -236,35 +236,49 @@ fn mint(
 }
 
 fn serve(a: ServeArgs) -> Result<(), String> {
-    // Refused here rather than failing every delivery later (this build speaks no TLS). The URL
-    // is not echoed: it may carry a secret.
-    if let Some(u) = &a.webhook_url {
-        if !reqwest::Url::parse(u).is_ok_and(|u| u.scheme() == "http" && u.has_host()) {
-            return Err(
-                "--webhook-url must be an http:// URL (no TLS in this build: put a \
-                        TLS-terminating proxy in front of an https receiver)"
-                    .into(),
-            );
+    // Not a number, 0 or less would refuse every participant command (or none at all); a
+    // burst below one command or request would refuse every one of them, and a flood
+    // bucket below one frame (four times the command rate) would close every session.
+    for (flag, rate, unit, least) in [
+        ("--room-bytes-rate", a.room_bytes_rate, "bytes", 1.0),
+        ("--msg-rate", a.msg_rate, "commands", 0.5),
+        ("--http-rate", a.http_rate, "requests", 0.5),
+    ] {
+        if !(rate >= least && rate.is_finite()) {
+            return Err(format!(
+                "{flag} must be a number of {unit} per second, at least {least}"
+            ));
         }
     }
-    // Without a key the signature is an HMAC anyone can compute: a receiver would take forged
-    // deliveries for the room's events.
-    if a.webhook_url.is_some() && a.webhook_secret.as_ref().is_none_or(|s| s.len() < 16) {
-        return Err(
-            "--webhook-url needs --webhook-secret of 16 bytes or more (the key of the \
-             deliveries' X-Hostlease-Signature; without one anyone can sign a delivery)"
-                .into(),
-        );
-    }
-    // The admin key is the whole of the admin API's authentication (reassign, kick and close
-    // any room): a short one is guessed, and an empty one (an environment variable set to
-    // nothing) is a mistake best caught at start. Not echoed.
-    if a.admin_key.as_ref().is_some_and(|k| k.len() < 16) {
-        return Err(
-            "--admin-key must be 16 bytes or more (leave it unset to turn the admin API off)"
-                .into(),
-        );
-    }
+    let cfg = Config {
+        lease_ms: a.lease_ms,
+        actions: hostlease::protocol::ActionTable {
+            host: actions(&a.host_actions)?,
+            participant: actions(&a.participant_actions)?,
+        },
+        max_rooms: a.max_rooms,
+        max_members: a.max_members,
+        max_connections: a.max_connections,
+        max_sockets_per_address: a.max_sockets_per_address,
+        msg_rate: a.msg_rate,
+        msg_burst: a.msg_rate * 2.0,
+        room_bytes_rate: a.room_bytes_rate,
+        room_bytes_burst: a.room_bytes_rate * 4.0,
+        http_rate: a.http_rate,
+        http_burst: a.http_rate * 2.0,
+        sweep_ms: a.sweep_ms,
+        presence_ms: a.presence_ms,
+        heartbeat_ms: a.heartbeat_ms,
+        admin_key: a.admin_key,
+        webhook_url: a.webhook_url,
+        webhook_secret: a.webhook_secret,
+        dev: a.dev,
+        www: a.www,
+        ..Config::default()
+    };
+    // The webhook, the admin key and the limits too: before the keys are read or anything is
+    // created.
+    cfg.check()?;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if a.log_json {
@@ -311,47 +325,6 @@ fn serve(a: ServeArgs) -> Result<(), String> {
                         --app-public-key kid:x, or --dev"
                 .into());
         }
-        // Not a number, 0 or less would refuse every participant command (or none at all); a
-        // burst below one command or request would refuse every one of them, and a flood
-        // bucket below one frame (four times the command rate) would close every session.
-        for (flag, rate, unit, least) in [
-            ("--room-bytes-rate", a.room_bytes_rate, "bytes", 1.0),
-            ("--msg-rate", a.msg_rate, "commands", 0.5),
-            ("--http-rate", a.http_rate, "requests", 0.5),
-        ] {
-            if !(rate >= least && rate.is_finite()) {
-                return Err(format!(
-                    "{flag} must be a number of {unit} per second, at least {least}"
-                ));
-            }
-        }
-        let cfg = Config {
-            lease_ms: a.lease_ms,
-            actions: hostlease::protocol::ActionTable {
-                host: actions(&a.host_actions)?,
-                participant: actions(&a.participant_actions)?,
-            },
-            max_rooms: a.max_rooms,
-            max_members: a.max_members,
-            max_connections: a.max_connections,
-            max_sockets_per_address: a.max_sockets_per_address,
-            msg_rate: a.msg_rate,
-            msg_burst: a.msg_rate * 2.0,
-            room_bytes_rate: a.room_bytes_rate,
-            room_bytes_burst: a.room_bytes_rate * 4.0,
-            http_rate: a.http_rate,
-            http_burst: a.http_rate * 2.0,
-            sweep_ms: a.sweep_ms,
-            presence_ms: a.presence_ms,
-            heartbeat_ms: a.heartbeat_ms,
-            admin_key: a.admin_key,
-            webhook_url: a.webhook_url,
-            webhook_secret: a.webhook_secret,
-            dev: a.dev,
-            www: a.www,
-            ..Config::default()
-        };
-        cfg.check_actions()?;
         let store = SqliteStore::open(&a.db).await.map_err(|e| e.to_string())?;
         let keys = Keypair::load_or_create(&a.server_key, "srv")?;
         let app = App::new(cfg, Arc::new(store), keys, join_keys, dev_key);

@@ -62,7 +62,7 @@ async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
 
     let cfg = hostlease_server::Config {
         webhook_url: Some(format!("http://{hook}/hook")),
-        webhook_secret: Some("shh".into()),
+        webhook_secret: Some("shh-0123456789abcdef".into()),
         ..test_config()
     };
     let srv = start(cfg).await;
@@ -92,7 +92,7 @@ async fn webhook_is_signed_retried_and_keyed_by_the_outbox_dedup_key() {
     for (key, sig, body) in v.iter().filter(|(k, _, _)| k == "assignment:wh:1") {
         assert_eq!(
             sig,
-            &hostlease_server::webhook::signature(b"shh", body.as_bytes()),
+            &hostlease_server::webhook::signature(b"shh-0123456789abcdef", body.as_bytes()),
             "{key}"
         );
         let item: Item = hostlease::protocol::codec::decode_body(body, usize::MAX).unwrap();
@@ -233,5 +233,52 @@ fn a_webhook_url_it_cannot_deliver_to_is_refused_at_start() {
         );
         assert!(err.contains(says), "{url}: {err}");
         assert!(!err.contains("s3cr3t"), "{err}");
+    }
+}
+
+/// A server embedded with `App::new` and `serve` is checked as the CLI's is: a webhook without a
+/// secret of 16 bytes (anyone could sign its deliveries), or any limit that breaks every session,
+/// and `serve` returns at once with why (it started, and signed with a guessable key).
+#[tokio::test]
+async fn an_embedded_server_is_checked_as_the_cli_is() {
+    use hostlease_server::{
+        store::SqliteStore,
+        tokens::{Keypair, Verifier},
+        App,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (cfg, says) in [
+        (
+            hostlease_server::Config {
+                webhook_url: Some("http://127.0.0.1:9/hook".into()),
+                webhook_secret: Some("shh".into()),
+                ..test_config()
+            },
+            "--webhook-secret of 16 bytes",
+        ),
+        (
+            hostlease_server::Config {
+                max_members: 0,
+                ..test_config()
+            },
+            "max_members must be at least 1",
+        ),
+    ] {
+        let db = format!("sqlite://{}", dir.path().join("e.db").display());
+        let store = SqliteStore::open(&db).await.unwrap();
+        let join = Verifier::from_keys(&[Keypair::generate("app").public()]).unwrap();
+        let app = App::new(
+            cfg,
+            std::sync::Arc::new(store),
+            Keypair::generate("srv"),
+            join,
+            None,
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let err = hostlease_server::serve(app, l, std::future::pending())
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains(says), "{err}");
     }
 }
