@@ -1075,6 +1075,27 @@ fn a_host_command_sent_is_decided_by_its_result_not_by_the_next_epoch() {
     let ev = result(&mut v, 21, &key, outcome);
     assert!(ev.contains(&stale(&key)), "{ev:?}");
     assert_eq!(v.pending().count(), 0);
+    // A definite answer to a resend decides it, newer epoch or not: refused `rate_limited`,
+    // resent, then `stale_epoch` with the room's assignment (the store looks the key up first:
+    // no attempt was applied) is `StaleEpoch`, not `Interrupted`.
+    let mut v = live("a", "a", 2);
+    let key = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    result(&mut v, 21, &key, rejected(RejectCode::RateLimited));
+    v.handle_timeout(at(1_100));
+    let (t, _) = drain(&mut v);
+    assert!(
+        t.iter()
+            .any(|m| matches!(m, ClientMsg::Command { id, .. } if *id == key)),
+        "resent: {t:?}"
+    );
+    let outcome = Outcome::Rejected {
+        code: RejectCode::StaleEpoch,
+        current: Some(assignment(3, 3, Some("b")).into()),
+        retry_after_ms: None,
+    };
+    let ev = result(&mut v, 1_101, &key, outcome);
+    assert!(ev.contains(&stale(&key)), "{ev:?}");
 }
 
 #[test]

@@ -1115,11 +1115,19 @@ impl SqliteStore {
 /// reads their query plans): one statement over a whole table held the one writer, and with it
 /// every lease renewal queued behind, for seconds. `?1` is the retention in ms (for the log: the
 /// room, and `?2` the newest seq to delete).
-pub fn prune_sql() -> [String; 7] {
+pub fn prune_sql() -> [String; 8] {
     let aged = |table: &str, key: &str, column: &str, more: &str| {
         format!(
             "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} \
              WHERE {column} < {NOW} - ?1{more} LIMIT {PRUNE_BATCH})"
+        )
+    };
+    // Notified outbox rows older than ?1 through the partial index `index` of those where `cond`.
+    let outbox = |index: &str, cond: &str| {
+        format!(
+            "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox INDEXED BY {index} \
+             WHERE created_at < {NOW} - ?1 AND {cond} AND notified_at IS NOT NULL \
+             LIMIT {PRUNE_BATCH})"
         )
     };
     [
@@ -1136,24 +1144,14 @@ pub fn prune_sql() -> [String; 7] {
         aged("participants", "rowid", "seen_at", ""),
         // Outbox rows whose webhook was delivered (bound: an hour), through the index of those
         // only: not the rows still waiting for a receiver that is down.
-        format!(
-            "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox INDEXED BY outbox_done_by_age \
-             WHERE created_at < {NOW} - ?1 AND webhook_done_at IS NOT NULL \
-             AND notified_at IS NOT NULL LIMIT {PRUNE_BATCH})"
-        ),
-        // And any (bound: an hour without a webhook, its 24 h with one: given up). A row a
-        // webhook worker has claimed (`webhook_next_at` set, about 200 ms after its commit) is
-        // kept its 24 h whatever this process's configuration: another process on the file
-        // may be the one delivering it.
-        aged(
-            "outbox",
-            "id",
-            "created_at",
-            &format!(
-                " AND notified_at IS NOT NULL \
-                 AND (webhook_next_at = 0 OR created_at < {NOW} - {WEBHOOK_RETENTION_MS})"
-            ),
-        ),
+        outbox("outbox_done_by_age", "webhook_done_at IS NOT NULL"),
+        // Without a webhook here, the rows no webhook worker has claimed (bound: an hour). A
+        // row a worker claimed (`webhook_next_at` set, about 200 ms after its commit) may be
+        // another process's to deliver: it stays for the next delete.
+        outbox("outbox_unclaimed_by_age", "webhook_next_at = 0"),
+        // And any (bound: 24 h with a webhook here, given up; an hour more without, so that
+        // the process delivering a claimed row counts it given up first).
+        aged("outbox", "id", "created_at", " AND notified_at IS NOT NULL"),
         format!(
             "DELETE FROM log WHERE rowid IN (SELECT rowid FROM log WHERE room = ?1 AND seq <= ?2 \
              LIMIT {PRUNE_BATCH})"
@@ -1578,7 +1576,8 @@ impl Store for SqliteStore {
         ] {
             sqlx::query(&q).execute(&self.writer).await?;
         }
-        let [idempotency, inbox, inbox_items, participants, outbox_done, outbox, log] = prune_sql();
+        let [idempotency, inbox, inbox_items, participants, outbox_done, outbox_unclaimed, outbox, log] =
+            prune_sql();
         for (q, keep) in [
             (idempotency, IDEMPOTENCY_RETENTION_MS),
             (inbox, self.inbox_retention_ms),
@@ -1604,7 +1603,9 @@ impl Store for SqliteStore {
         let keep = if webhook {
             WEBHOOK_RETENTION_MS
         } else {
-            3_600_000
+            self.prune(|| sqlx::query(&outbox_unclaimed).bind(3_600_000i64))
+                .await?;
+            WEBHOOK_RETENTION_MS + 3_600_000
         };
         self.prune(|| sqlx::query(&outbox).bind(keep)).await?;
         // Each room's log is trimmed to its newest `keep_log` items. The rooms and their oldest

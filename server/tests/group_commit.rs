@@ -652,18 +652,21 @@ async fn housekeeping_deletes_find_their_rows_through_an_index() {
         );
         assert!(q.contains(" LIMIT "), "{q}");
     }
-    // Delivered outbox rows are found through the index of those alone: through the one of all
-    // rows by age, each run walked every row still waiting for a receiver that is down.
-    let done = &hostlease_server::store::prune_sql()[4];
-    let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&format!("EXPLAIN QUERY PLAN {done}"))
-        .bind(1_000i64)
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
-    assert!(
-        plan.iter().any(|r| r.3.contains("outbox_done_by_age")),
-        "{done}\n{plan:?}"
-    );
+    // Delivered outbox rows, and (without a webhook) unclaimed ones, are found through an index
+    // of those alone: through the one of all rows by age, each run walked every row still
+    // waiting for a receiver that is down.
+    let sql = hostlease_server::store::prune_sql();
+    for (q, index) in [
+        (&sql[4], "outbox_done_by_age"),
+        (&sql[5], "outbox_unclaimed_by_age"),
+    ] {
+        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(&format!("EXPLAIN QUERY PLAN {q}"))
+            .bind(1_000i64)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+        assert!(plan.iter().any(|r| r.3.contains(index)), "{q}\n{plan:?}");
+    }
 }
 
 /// Each room's log is trimmed to its newest items (a backlog larger than one batch entirely),
@@ -820,6 +823,24 @@ async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
             "the row given up and the one delivered are deleted, the other kept ({webhook})"
         );
     }
+    // Past its 24 h, the claimed row is the webhook process's to count as given up first: the
+    // other keeps it an hour more.
+    let seqs = || async {
+        sqlx::query_scalar::<_, i64>("SELECT seq FROM outbox")
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+    };
+    sqlx::query(&format!(
+        "UPDATE outbox SET created_at = {now} - 24 * 3600000 - 1800000 WHERE seq = 1"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.housekeeping(10_000, false).await.unwrap();
+    assert_eq!(seqs().await, vec![1]);
+    store.housekeeping(10_000, true).await.unwrap();
+    assert_eq!(seqs().await, Vec::<i64>::new());
 }
 
 /// Processes started together on a fresh file (or on an upgraded one) all open it: sqlx's

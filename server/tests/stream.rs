@@ -1302,10 +1302,6 @@ async fn a_burst_of_resumes_is_paced_not_refused() {
     assert!(paced >= 5.0, "paced {paced}:\n{page}");
 }
 
-/// A room's payload bytes from participants are bounded (`room_bytes_rate`): every event goes
-/// to every member. Past them a command is refused `rate_limited` with a retry time, over
-/// WebSocket and over HTTP (429, `Retry-After`); commands the store refuses give their bytes
-/// back; the host's commands are not charged; another room is not held up.
 /// A command the room's bytes refuse does not spend its sender's command rate: a participant
 /// whose large payloads wait for the room could send nothing else until its own rate refilled.
 #[tokio::test]
@@ -1346,6 +1342,10 @@ async fn a_command_refused_for_room_bytes_keeps_its_command_rate_token() {
     assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
 }
 
+/// A room's payload bytes from participants are bounded (`room_bytes_rate`): every event goes
+/// to every member. Past them a command is refused `rate_limited` with a retry time, over
+/// WebSocket and over HTTP (429, `Retry-After`); commands the store refuses give their bytes
+/// back; the host's commands are not charged; another room is not held up.
 #[tokio::test]
 async fn a_room_s_payload_bytes_are_bounded_but_never_shut_the_host_out() {
     let srv = start(hostlease_server::Config {

@@ -1167,11 +1167,14 @@ impl HostView {
                 current,
                 retry_after_ms,
             } => {
-                // Answered: no longer in flight, so a newer epoch this brings fails a host
-                // command of an older one now (a retryable refusal would have been resent in
-                // an epoch that is over, and failed `Interrupted`).
-                if let Some(a) = current {
+                // A retryable refusal leaves the command to go again: no longer in flight, a
+                // newer epoch this brings fails a host command of an older one now (it was
+                // resent into an epoch that is over, and failed `Interrupted`). Any other answer
+                // decides the command itself, below.
+                if code.is_retryable() {
                     self.commands[i].state = CmdState::Backoff { until: now };
+                }
+                if let Some(a) = current {
                     self.adopt(a, Source::Server);
                 }
                 if matches!(code, RejectCode::StaleEpoch | RejectCode::NotHost) {
