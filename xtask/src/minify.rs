@@ -223,6 +223,16 @@ pub fn rename_in_glue(glue: &str, report: &Renames, renamed: &[u8]) -> Result<St
     Ok(out)
 }
 
+/// Where the one `head` in `text` begins, through the end of the first `close` after it.
+fn block(text: &str, head: &str, close: &str) -> Result<std::ops::Range<usize>, &'static str> {
+    let [start] = text.match_indices(head).map(|(i, _)| i).collect::<Vec<_>>()[..] else {
+        return Err("not there exactly once");
+    };
+    let body = start + head.len();
+    let end = body + text[body..].find(close).ok_or("no end")? + close.len();
+    Ok(start..end)
+}
+
 /// `text` with `from`, which must stand in it exactly once, replaced by `to`.
 fn replace_once(text: &str, from: &str, to: &str) -> Option<String> {
     (text.matches(from).count() == 1).then(|| text.replacen(from, to, 1))
@@ -254,20 +264,9 @@ pub fn drop_unreachable(glue: &str) -> Result<String, String> {
     };
     let glue = replace_once(glue, EXPORT, "export { __wbg_init as default };")
         .ok_or_else(|| err(&format!("not one `{EXPORT}`")))?;
-    let [start] = glue
-        .match_indices(START)
-        .map(|(i, _)| i)
-        .collect::<Vec<_>>()[..]
-    else {
-        return Err(err("not one `function initSync(module) {`"));
-    };
-    let body = start + START.len();
-    let end = body
-        + glue[body..]
-            .find("\n}\n")
-            .ok_or_else(|| err("initSync has no end"))?
-        + 2;
-    let out = format!("{}{}", &glue[..start], &glue[end..]);
+    let sync = block(&glue, START, "\n}\n").map_err(|e| err(&format!("initSync: {e}")))?;
+    // (Through the function's `}`: the line break after it stays.)
+    let out = format!("{}{}", &glue[..sync.start], &glue[sync.end - 1..]);
     if out.contains("initSync") {
         return Err(err("initSync is named elsewhere too"));
     }
@@ -276,17 +275,12 @@ pub fn drop_unreachable(glue: &str) -> Result<String, String> {
     let out = replace_once(&out, POLYFILL, "").ok_or_else(|| err("not one encodeInto polyfill"))?;
     let out = replace_once(&out, DISPOSE, "").ok_or_else(|| err("not one Symbol.dispose alias"))?;
     // `free()` to its end: one call into the module, then the method's close.
-    let [start] = out.match_indices(FREE).map(|(i, _)| i).collect::<Vec<_>>()[..] else {
-        return Err(err("not one Driver.free()"));
-    };
-    let body = start + FREE.len();
-    let end = body
-        + out[body..]
-            .find("\n    }\n")
-            .filter(|&n| !out[body..body + n].contains('\n'))
-            .ok_or_else(|| err("Driver.free() is longer than one call"))?
-        + "\n    }\n".len();
-    let out = format!("{}{}", &out[..start], &out[end..]);
+    const CLOSE: &str = "\n    }\n";
+    let free = block(&out, FREE, CLOSE).map_err(|e| err(&format!("Driver.free(): {e}")))?;
+    if out[free.start + FREE.len()..free.end - CLOSE.len()].contains('\n') {
+        return Err(err("Driver.free() is longer than one call"));
+    }
+    let out = format!("{}{}", &out[..free.start], &out[free.end..]);
     if out.contains("__destroy_into_raw") || out.contains(".free") {
         return Err(err("Driver.free() is named elsewhere too"));
     }
