@@ -61,8 +61,15 @@ pub async fn worker(app: Arc<App>) {
         }
     };
     let poll = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2);
+    // A full batch sent in time, all delivered, is followed by the next at once (a pause before
+    // every batch capped delivery at 64 rows per pause); a batch cut short, or with a failure (a
+    // receiver in trouble is not sent the backlog at full speed), waits.
+    let mut full = false;
     loop {
-        tokio::time::sleep(poll).await;
+        if !full {
+            tokio::time::sleep(poll).await;
+        }
+        full = false;
         let claimed = tokio::time::Instant::now();
         let due = match app.store.webhook_due(BATCH, CLAIM.as_millis() as u64).await {
             Ok(d) => d,
@@ -71,10 +78,12 @@ pub async fn worker(app: Arc<App>) {
                 continue;
             }
         };
+        let mut delivered_all = due.len() as i64 == BATCH;
         for (id, key, body, attempts) in due {
             if claimed.elapsed() + SEND_TIMEOUT > CLAIM {
                 // The claim could run out during this send, and another process send the row
                 // too: the rest of the batch waits for the claim to end and is claimed again.
+                delivered_all = false;
                 break;
             }
             if attempts > 0 {
@@ -91,6 +100,7 @@ pub async fn worker(app: Arc<App>) {
                 .send()
                 .await;
             let delivered = matches!(&res, Ok(r) if r.status().is_success());
+            delivered_all &= delivered;
             if delivered {
                 metrics::counter!("hostlease_webhook_deliveries_total", "result" => "ok")
                     .increment(1);
@@ -111,5 +121,6 @@ pub async fn worker(app: Arc<App>) {
                 tracing::warn!(error = %e, "webhook result not recorded");
             }
         }
+        full = delivered_all;
     }
 }

@@ -528,6 +528,60 @@ async fn a_member_back_before_the_notifier_ran_still_gets_what_it_missed() {
     drop(b);
 }
 
+/// The notifier works off a backlog of more than one batch (256 rows) batch after batch, not one
+/// batch per pause: it paused before every batch, so that a process committing more than 1,280
+/// rows a second fell behind for good. Here its pause is 2 s and the backlog three batches.
+#[tokio::test]
+async fn a_backlog_past_one_batch_is_notified_without_pausing_between_batches() {
+    let (dir, store) = fresh_store().await;
+    let room = RoomId::new("backlog").unwrap();
+    let bob = ParticipantId::new("bob").unwrap();
+    hostlease_server::store::Store::remember_participant(&store, &room, &bob)
+        .await
+        .unwrap();
+    backlog(&store, "backlog", 600).await;
+    let srv = start_on(
+        hostlease_server::Config {
+            sweep_ms: 1000,
+            ..test_config()
+        },
+        dir,
+        store,
+    )
+    .await;
+    let db = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        srv.dir.path().join("h.db").display()
+    ))
+    .await
+    .unwrap();
+    let count = |q: &'static str| {
+        let db = db.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(q)
+                .fetch_one(&db)
+                .await
+                .unwrap()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while count("SELECT COUNT(*) FROM outbox WHERE notified_at IS NULL").await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "backlog never notified"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        count("SELECT COUNT(*) FROM inbox WHERE participant = 'bob'").await,
+        600
+    );
+    // Store-clock milliseconds from the first batch written to the last: a pause between them
+    // would be 2,000 or more.
+    let span = count("SELECT MAX(notified_at) - MIN(notified_at) FROM outbox").await;
+    assert!(span < 2000, "{span} ms from the first batch to the last");
+}
+
 /// A browser app on another origin may read snapshots, its inbox (with its token in the
 /// `Authorization` header) and the keys; it may not reach commands or the admin API.
 #[tokio::test]

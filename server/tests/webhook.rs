@@ -194,6 +194,54 @@ async fn an_embedded_server_keeps_undelivered_rows_for_its_webhook() {
     );
 }
 
+/// The webhook worker sends a backlog of more than one batch (64 rows) batch after batch while
+/// every delivery succeeds, not one batch per pause (which capped delivery at 64 rows per pause:
+/// 160 rows/s at the default sweep). Here its pause is 2 s and the backlog three batches.
+#[tokio::test]
+async fn a_webhook_backlog_past_one_batch_is_sent_without_pausing_between_batches() {
+    let arrived: Arc<Mutex<Vec<std::time::Instant>>> = Arc::default();
+    let a2 = arrived.clone();
+    let receiver = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let arrived = a2.clone();
+            async move {
+                arrived.lock().unwrap().push(std::time::Instant::now());
+                StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, receiver).await.unwrap() });
+    let (dir, store) = fresh_store().await;
+    backlog(&store, "wb", 150).await;
+    let _srv = start_on(
+        hostlease_server::Config {
+            webhook_url: Some(format!("http://{hook}/hook")),
+            webhook_secret: Some("shh-0123456789abcdef".into()),
+            sweep_ms: 1000,
+            ..test_config()
+        },
+        dir,
+        store,
+    )
+    .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while arrived.lock().unwrap().len() < 150 {
+        assert!(tokio::time::Instant::now() < deadline, "backlog never sent");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let v = arrived.lock().unwrap().clone();
+    assert_eq!(v.len(), 150, "each row once");
+    // A pause between two batches would be 2 s or more.
+    let span = v[v.len() - 1] - v[0];
+    assert!(
+        span < std::time::Duration::from_secs(2),
+        "{span:?} from the first to the last"
+    );
+}
+
 /// A webhook URL this build cannot deliver to (`https://`: no TLS here; not a URL) is refused
 /// when the server starts, not by failing every delivery later; the URL is not echoed. So is a
 /// webhook without a signing key of 16 bytes or more (its signatures anyone could compute).

@@ -52,10 +52,45 @@ pub async fn start(cfg: Config) -> TestServer {
 
 /// [`start`] with the store set up by `setup` first.
 pub async fn start_with(cfg: Config, setup: impl FnOnce(&mut SqliteStore)) -> TestServer {
+    let (dir, mut store) = fresh_store().await;
+    setup(&mut store);
+    start_on(cfg, dir, store).await
+}
+
+/// A store on a fresh file (`h.db` in the directory), for [`start_on`].
+pub async fn fresh_store() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = format!("sqlite://{}", dir.path().join("h.db").display());
-    let mut store = SqliteStore::open(&db).await.expect("open store");
-    setup(&mut store);
+    let store = SqliteStore::open(&db).await.expect("open store");
+    (dir, store)
+}
+
+/// `n` outbox rows in `room` (as many elections, each over the one before), committed before a
+/// server runs: a backlog for the background tasks that work the outbox off.
+pub async fn backlog(store: &SqliteStore, room: &str, n: u64) {
+    use hostlease::protocol::{Epoch, Reason, SessionId};
+    use hostlease_server::store::{GrantOutcome, GrantReq, Store};
+    let keys = Keypair::generate("backlog");
+    for epoch in 0..n {
+        let grant = GrantReq {
+            room: RoomId::new(room).unwrap(),
+            expected_epoch: Epoch(epoch),
+            holder: Some((
+                ParticipantId::new("gone").unwrap(),
+                SessionId::new(format!("s{epoch}")).unwrap(),
+            )),
+            lease_ms: 60_000,
+            reason: Reason::Elected,
+            require_lapsed: false,
+            close: false,
+        };
+        let won = store.grant(grant, &keys).await.expect("grant");
+        assert!(matches!(won, GrantOutcome::Won { .. }), "{won:?}");
+    }
+}
+
+/// A server on `store` (from [`fresh_store`], set up beforehand).
+pub async fn start_on(cfg: Config, dir: tempfile::TempDir, store: SqliteStore) -> TestServer {
     let app_key = Keypair::generate("app-1");
     let join = Verifier::from_keys(&[app_key.public()]).expect("verifier");
     // With `dev`, `/dev/token` signs with the app key.
