@@ -524,6 +524,18 @@ async fn admin_reassign_in(
         )
             .into_response();
     }
+    if let Some(r) = row.as_ref().filter(|r| {
+        r.lease_live()
+            && next
+                .as_ref()
+                .is_some_and(|(p, s)| r.host.as_ref() == Some(p) && r.session.as_ref() == Some(s))
+    }) {
+        // To the session that holds the role on a live lease: not a grant. (It was one, fenced
+        // against the holder itself: the host lost its authority until its own lease ran out.)
+        if let Some(current) = r.current.clone() {
+            return json_body(&current);
+        }
+    }
     if next.is_none() && row.as_ref().is_none_or(|r| r.host.is_none()) {
         // Hostless -> hostless is not a grant: the epoch stays, the answer is the current
         // assignment (the row's, or the hub's genesis for a room never granted).

@@ -74,6 +74,19 @@ async fn admin_reassign_kick_and_close() {
     pump_all("carol host by admin", &mut all, |x| x[2].has_authority()).await;
     assert_eq!(c.view.assignment().unwrap().reason, Reason::Admin);
     assert_eq!(c.view.epoch(), Some(Epoch(2)));
+    // A reassign to the host itself is not a grant: the epoch stays and carol goes on acting (it
+    // was a grant fenced against carol herself: no authority until her own lease ran out).
+    let same = admin_post(
+        srv.addr,
+        "adm",
+        "reassign",
+        serde_json::json!({"to": "carol"}),
+    )
+    .await;
+    assert_eq!(same["epoch"], 2, "{same}");
+    c.pump(std::time::Duration::from_millis(600)).await;
+    assert_eq!(c.view.epoch(), Some(Epoch(2)));
+    assert!(c.has_authority());
 
     // Kicking the host replaces it at once.
     assert_eq!(kick(srv.addr, "adm", "carol").await, 1);
