@@ -104,7 +104,7 @@ impl Bucket {
     }
 
     /// Gives back `n` tokens spent on something that did not happen after all.
-    fn refund(&mut self, n: f64) {
+    pub fn refund(&mut self, n: f64) {
         self.tokens = (self.tokens + n).min(self.burst);
     }
 

@@ -824,6 +824,10 @@ impl Conn {
         };
         let (_, probed, sent) = self.probes[i];
         self.probes.drain(..=i);
+        // The server's own asking, one echo a probe: not the client's flood. Counted, echoes
+        // alone (three a second at a 1 s lease) outran a low `--msg-rate`'s flood refill, and a
+        // healthy host was closed `rate_limited`.
+        self.flood.refund(1.0);
         self.answered();
         if self.host_epoch != Some(probed) {
             return Flow::Continue;

@@ -582,6 +582,39 @@ async fn a_backlog_past_one_batch_is_notified_without_pausing_between_batches() 
     assert!(span < 2000, "{span} ms from the first batch to the last");
 }
 
+/// A host's lease echoes answer the server's own probes and do not count against its flood
+/// limit: with a low message rate and a short lease, the echoes alone (three a second here,
+/// against a flood refill of two) drained it and the healthy host was closed `rate_limited`.
+#[tokio::test]
+async fn lease_echoes_do_not_count_against_the_flood_limit() {
+    let srv = start(hostlease_server::Config {
+        msg_rate: 0.5,
+        msg_burst: 1.0,
+        lease_ms: 1000,
+        ..test_config()
+    })
+    .await;
+    let mut a = srv.raw("echoes", "alice", true).await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(8);
+    let mut echoed = 0;
+    while let Some(left) = until
+        .checked_duration_since(tokio::time::Instant::now())
+        .filter(|d| !d.is_zero())
+    {
+        match a.next(left).await {
+            Some(ServerMsg::LeaseProbe { nonce, .. }) => {
+                a.send(&ClientMsg::LeaseEcho { nonce }).await;
+                echoed += 1;
+            }
+            Some(ServerMsg::Error { code, .. }) => panic!("{code:?} after {echoed} echoes"),
+            Some(_) => {}
+            None if tokio::time::Instant::now() < until => panic!("closed after {echoed} echoes"),
+            None => break,
+        }
+    }
+    assert!(echoed >= 16, "{echoed} probes answered in 8 s");
+}
+
 /// A browser app on another origin may read snapshots, its inbox (with its token in the
 /// `Authorization` header) and the keys; it may not reach commands or the admin API.
 #[tokio::test]
