@@ -591,7 +591,7 @@ struct TtlBody {
 }
 
 /// `POST /v1/admin/rooms/{room}/ttl {"lease_ms": n | null}`: the room's lease TTL, from the next
-/// grant or renewal on (`null`: back to the server default). At least 30 ms.
+/// grant or renewal on (`null`: back to the server default); within [`crate::LEASE_MS`].
 async fn admin_ttl(State(app): State<Arc<App>>, Path(room): Path<String>, body: Bytes) -> Response {
     // Parsed after the key check (an extractor would parse it before the handler runs).
     let Ok(body) = serde_json::from_slice::<TtlBody>(&body) else {
@@ -601,15 +601,9 @@ async fn admin_ttl(State(app): State<Arc<App>>, Path(room): Path<String>, body: 
         Ok(r) => r,
         Err(e) => return e,
     };
-    if body
-        .lease_ms
-        .is_some_and(|t| !(30..=86_400_000).contains(&t))
-    {
-        return (
-            StatusCode::BAD_REQUEST,
-            "lease_ms must be within 30..=86400000",
-        )
-            .into_response();
+    if body.lease_ms.is_some_and(|t| !crate::LEASE_MS.contains(&t)) {
+        let why = format!("lease_ms must be within {:?}", crate::LEASE_MS);
+        return (StatusCode::BAD_REQUEST, why).into_response();
     }
     match app.store.set_ttl(&room, body.lease_ms).await {
         Ok(()) => (

@@ -21,6 +21,12 @@ use hostlease::protocol::{Action, ActionTable};
 
 pub use rooms::App;
 
+/// The lease TTLs the server takes (the CLI, [`Config::check`], the admin API's per-room TTL): 1 s
+/// to 24 h. The SDK keeps 1 % + 250 ms of a lease back for drift and safety: a host granted a
+/// lease under about 300 ms plus a round trip never held it, was renewed for ever, could never act
+/// and was never failed over.
+pub const LEASE_MS: std::ops::RangeInclusive<u64> = 1000..=86_400_000;
+
 /// Server configuration (the CLI and environment fill it; tests build it directly).
 #[derive(Clone)]
 pub struct Config {
@@ -139,8 +145,8 @@ impl Config {
 
     /// Refuses a configuration that would break every session, lease or delivery: an action
     /// table no client could take ([`Config::check_actions`]), a rate that is not a positive
-    /// number (or a burst under one command or request), a limit of 0, a lease outside 30 ms..24
-    /// h, a heartbeat past the SDK's, a webhook URL this build cannot send to or one without a
+    /// number (or a burst under one command or request), a limit of 0, a lease outside [`LEASE_MS`],
+    /// a heartbeat past the SDK's, a webhook URL this build cannot send to or one without a
     /// secret of 16 bytes, an admin key under 16 bytes. [`serve`] calls it, so a server embedded
     /// with [`App::new`] is checked as the CLI's is (the CLI names its flags first).
     pub fn check(&self) -> Result<(), String> {
@@ -170,8 +176,8 @@ impl Config {
                 return Err(format!("{name} must be at least 1"));
             }
         }
-        if !(30..=86_400_000).contains(&self.lease_ms) {
-            return Err("lease_ms must be within 30..=86400000".into());
+        if !LEASE_MS.contains(&self.lease_ms) {
+            return Err(format!("lease_ms must be within {LEASE_MS:?}"));
         }
         if !(1..=hostlease::protocol::codec::HEARTBEAT_MS).contains(&self.heartbeat_ms) {
             return Err(format!(
@@ -504,7 +510,7 @@ mod tests {
         assert!(Config::default().check().is_ok());
         let bad = [
             Config {
-                lease_ms: 29,
+                lease_ms: 999,
                 ..Config::default()
             },
             Config {

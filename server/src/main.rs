@@ -92,9 +92,9 @@ struct ServeArgs {
     /// HMAC-SHA256 key of the webhook's `X-Hostlease-Signature` header.
     #[arg(long, env = "HOSTLEASE_WEBHOOK_SECRET", hide_env_values = true)]
     webhook_secret: Option<String>,
-    /// Host lease TTL in milliseconds (30 ms..24 h, as the admin API's per-room TTL).
+    /// Host lease TTL in milliseconds (1 s..24 h, as the admin API's per-room TTL).
     #[arg(long, env = "HOSTLEASE_LEASE_MS", default_value_t = 6000,
-          value_parser = clap::value_parser!(u64).range(30..=86_400_000))]
+          value_parser = clap::value_parser!(u64).range(hostlease_server::LEASE_MS))]
     lease_ms: u64,
     /// Lease sweeper / publisher poll interval in milliseconds.
     #[arg(long, env = "HOSTLEASE_SWEEP_MS", default_value_t = 100)]

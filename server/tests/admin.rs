@@ -422,7 +422,7 @@ fn cli_keygen_token_and_graceful_shutdown() {
         ("--max-connections", "0", range),
         ("--lease-ms", "9223372036854775808", range),
         ("--lease-ms", "86400001", range),
-        ("--lease-ms", "29", range),
+        ("--lease-ms", "999", range),
         ("--heartbeat-ms", "999", range),
     ] {
         let err = refused_at_start(serve("limits").arg("--dev").arg(format!("{flag}={value}")));
@@ -547,6 +547,9 @@ async fn a_misspelt_admin_body_is_refused_and_changes_nothing() {
         ),
         ("ttl", serde_json::json!({})),
         ("ttl", serde_json::json!({"ttl_ms": 60_000})),
+        // A lease the SDK could never hold (it keeps 1 % + 250 ms of it back).
+        ("ttl", serde_json::json!({"lease_ms": 999})),
+        ("ttl", serde_json::json!({"lease_ms": 86_400_001})),
     ] {
         assert_eq!(post(route, body.clone()).await, 400, "{route} {body}");
     }
