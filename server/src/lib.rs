@@ -58,6 +58,7 @@ pub struct Config {
     /// HTTP requests per second per client address, and burst.
     pub http_rate: f64,
     pub http_burst: f64,
+    /// Lifetime of a participant capability token (refreshed at three quarters of it): 1 s..24 h.
     pub participant_token_ms: u64,
     /// How often the lease sweeper and publisher poll the store.
     pub sweep_ms: u64,
@@ -178,6 +179,11 @@ impl Config {
         }
         if !LEASE_MS.contains(&self.lease_ms) {
             return Err(format!("lease_ms must be within {LEASE_MS:?}"));
+        }
+        // 0 made every session's refresh due at once, for ever (a token expired as issued, a
+        // capability frame per turn of its loop); past a day, `now + ttl` could overflow.
+        if !(1000..=86_400_000).contains(&self.participant_token_ms) {
+            return Err("participant_token_ms must be within 1000..=86400000".into());
         }
         if !(1..=hostlease::protocol::codec::HEARTBEAT_MS).contains(&self.heartbeat_ms) {
             return Err(format!(
@@ -514,6 +520,14 @@ mod tests {
                 ..Config::default()
             },
             Config {
+                participant_token_ms: 0,
+                ..Config::default()
+            },
+            Config {
+                participant_token_ms: u64::MAX,
+                ..Config::default()
+            },
+            Config {
                 lease_ms: u64::MAX,
                 ..Config::default()
             },
@@ -547,7 +561,7 @@ mod tests {
             assert!(
                 c.check().is_err(),
                 "{:?}",
-                (c.lease_ms, c.max_rooms, c.msg_rate)
+                (c.lease_ms, c.participant_token_ms, c.max_rooms, c.msg_rate)
             );
         }
     }
