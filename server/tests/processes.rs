@@ -102,8 +102,9 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
     let dir = tempfile::tempdir().unwrap();
     let key = app_key_file(dir.path());
     let db = format!("sqlite://{}", dir.path().join("shared.db").display());
-    let p1 = spawn_proc(&db, dir.path(), "p1", 400, &[]);
-    let p2 = spawn_proc(&db, dir.path(), "p2", 400, &[]);
+    // The shortest lease the server takes (1 s): quick lapses, many grants.
+    let p1 = spawn_proc(&db, dir.path(), "p1", 1000, &[]);
+    let p2 = spawn_proc(&db, dir.path(), "p2", 1000, &[]);
     let addrs = [p1.addr, p2.addr];
     let mut tasks = Vec::new();
     for i in 0..4 {
@@ -129,7 +130,7 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
     // is being made: a grant published by one process can reach its client before the other,
     // which committed it, has written the line; and a lease lapsed just as its churner ended
     // is granted again (to its session, until the server sees it closed), so a kill could come
-    // between a commit and its line. Both counts must agree and hold still for 2 s (5 leases).
+    // between a commit and its line. Both counts must agree and hold still for 5 s (5 leases).
     let count_lines = || {
         ["p1.log", "p2.log"]
             .iter()
@@ -141,14 +142,14 @@ async fn two_processes_on_one_sqlite_file_one_winner_per_epoch() {
             })
             .sum::<usize>()
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let (mut counts, mut since) = (None, tokio::time::Instant::now());
     while tokio::time::Instant::now() < deadline {
         let now_counts = (count_lines(), committed_assignments(&db, "race").await);
         let now = tokio::time::Instant::now();
         if counts != Some(now_counts) {
             (counts, since) = (Some(now_counts), now);
-        } else if now_counts.0 == now_counts.1 && now - since >= Duration::from_secs(2) {
+        } else if now_counts.0 == now_counts.1 && now - since >= Duration::from_secs(5) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
