@@ -207,7 +207,8 @@ export declare class Room {
   /** Resolves once the server applied the command; rejects with a `CommandError`: refused here
    * (`NotHost`, `NotAuthoritative`, `LeaseExpired`, `NoCapability`, `UnknownAction`, `BadPayload`, `QueueFull`,
    * `BadArgument`), by the server (`StaleEpoch`, `NotHost`, `LeaseExpired`, `NoCapability`, `IdempotencyConflict`,
-   * `Rejected` with its code in `.reason`),
+   * `Rejected` with its code in `.reason`; a refusal the server says to retry in more than a
+   * minute, e.g. `rate_limited`, is `Rejected` at once rather than waited out),
    * or unknown (`Timeout`, `Interrupted`, `Closed`). A command already sent once and never
    * answered that a check here refuses when it is due again fails `Interrupted`: the first attempt
    * may have been applied. So does one sent and never answered that would go again 47 h or
@@ -216,7 +217,8 @@ export declare class Room {
    * is sent after the resync. */
   command(action: string, payload?: unknown): Promise<{ id: string; seq: number }>;
   /** Tags a message of the host with its epoch; throws a `CommandError` (`NotHost`, or
-   * `NotAuthoritative` while the lease is not held) when this tab may not act as host. */
+   * `NotAuthoritative` while the lease is not held or the room is not live, as for a host
+   * command) when this tab may not act as host. */
   stamp<T>(body: T): Stamped<T>;
   /** The body of a message `peerId` stamped (stamp a non-null body: a `null` one cannot be told
    * from a refusal), or `null`: from an older epoch than this tab has

@@ -355,10 +355,13 @@ export class Room {
 
   /** Wraps a message of the host with the epoch it holds authority in. Throws a `CommandError`
    * when this client may not act as host now: `NotHost`, or `NotAuthoritative` while its lease is
-   * not held (a deposed or cut-off host stamps nothing its peers would take). */
+   * not held or the room is not live (a deposed or cut-off host stamps nothing its peers would
+   * take). */
   stamp(body) {
     const v = this.view;
-    if (!v.amHost) throw commandError(v.namedHost ? ErrorCode.NotAuthoritative : ErrorCode.NotHost);
+    // Cut off (not live), a host is no longer named (its session went with the socket): it is
+    // not authoritative, as command() says, not "not the host".
+    if (!v.amHost) throw commandError(v.namedHost || v.phase !== "live" ? ErrorCode.NotAuthoritative : ErrorCode.NotHost);
     return { hostleaseEpoch: v.epoch, body };
   }
 
@@ -446,6 +449,10 @@ export class Room {
     clearTimeout(this._keysTimer);
     // The driver first: peers let go of then change nothing (no `provisional` while closing).
     this._driver.close();
+    // A core closed already in the step under way (kicked, the room closed: a listener of its
+    // `error` closes the room) emitted nothing here: `closed` is announced now all the same, and
+    // the rest of that step is not delivered.
+    if (!this._ended) this._dispatch({ type: "connection", phase: "closed" });
     for (const id of [...this._peers.keys()]) this.detachPeer(id);
     this._release();
   }
@@ -467,6 +474,10 @@ export class Room {
    * `error` listeners). */
   async _refreshToken(fail = (e) => this._emit("error", e)) {
     let got, timer;
+    // Asked again in 30 s unless this call gets a token (which sets the next refresh): a
+    // background refresh that failed once was never tried again before the next reconnect.
+    clearTimeout(this._refreshTimer);
+    if (!this._closed) this._refreshTimer = setTimeout(() => this._refreshToken(), TOKEN_REFRESH_EARLY_MS);
     try {
       // An app backend that never answers must not leave the room waiting for ever.
       got = await Promise.race([this.#getToken(), new Promise((_, no) => (timer = setTimeout(no, TOKEN_WAIT_MS, Error("timed out"))))]);
@@ -555,76 +566,59 @@ export class Room {
     }
   }
 
-  _dispatch(e) {
-    switch (e.type) {
+  // A driver event is `{ type, ...payload }`: the payload of the listeners of `type` as it is,
+  // but for the types below.
+  _dispatch({ type, ...e }) {
+    switch (type) {
       case "connection":
         // Closed by the server (kicked, room closed): stop refreshing tokens and relaying too.
         if (e.phase === "closed") this.close();
-        this._emit("connection", { phase: e.phase });
+        this._emit(type, e);
         if (e.phase === "closed") this._ended = true;
-        break;
+        return;
       case "host": {
         const a = e.assignment;
         // Relayed before the listeners see `a`, so that none can change what the peers get.
         if (a.sig) for (const p of this._peers.values()) this._sendRelay(p.channel, a);
-        this._emit("host", {
+        e = {
           host: a.host ?? null, session: a.session ?? null, epoch: a.epoch, reason: a.reason,
           previousEpoch: e.previous_epoch ?? null, via: e.via, issuedAt: a.issued_at, assignment: a,
-        });
+        };
         break;
       }
-      case "provisional":
-        this._emit("provisional", { coordinator: e.coordinator ?? null });
-        break;
       case "members":
-        this._emit("members", { members: this.view.members });
-        break;
-      case "lease":
-        this._emit("lease", { state: e.state });
+        e = { members: this.view.members };
         break;
       case "event":
-        this._emit("event", e.event);
+        e = e.event;
         break;
-      case "discontinuity":
-        this._emit("discontinuity", { from: e.from, to: e.to });
-        break;
-      case "command_queued":
-        this._emit("command", { id: e.id, state: "queued" });
-        break;
-      case "command_accepted": {
-        const p = this._pending.get(e.id);
-        this._pending.delete(e.id);
-        this._emit("command", { id: e.id, state: "accepted", seq: e.seq });
-        p?.resolve({ id: e.id, seq: e.seq });
-        break;
-      }
-      case "command_failed": {
-        const p = this._pending.get(e.id);
-        this._pending.delete(e.id);
+      case "command": {
+        // `{ id, state, seq? , code?, reason? }`; the promise is settled after the listeners.
+        const p = e.state !== "queued" && this._pending.get(e.id);
+        this._pending.delete(p && e.id);
+        this._emit(type, e);
+        if (!p) return;
+        if (e.seq != null) return p.resolve({ id: e.id, seq: e.seq });
         const err = commandError(e.code);
         err.reason = e.reason; // the server's code when it refused the command (`Rejected`)
-        this._emit("command", { id: e.id, state: "failed", code: e.code, reason: e.reason });
-        p?.reject(err);
-        break;
+        return p.reject(err);
       }
-      case "signal":
-        this._emit("signal", { from: e.from, fromSession: e.from_session, data: e.data });
-        break;
       case "error": {
         const Cls = e.code === ErrorCode.ProtocolViolation ? ProtocolError : ConnectionError;
-        this._emit("error", new Cls(e.code, e.message));
+        this._emit(type, new Cls(e.code, e.message));
         if (e.code === ErrorCode.Unauthorized) {
           // A fresh token next time; a fixed `token` the server refuses never gets better: the
           // room closes (queued commands fail `Closed`) instead of knocking for ever.
           this.#token = null;
           if (this._static) this.close();
         }
-        break;
+        return;
       }
       case "token_needed":
         if (!this._closed) this._dial();
-        break;
+        return;
     }
+    this._emit(type, e);
   }
 
   _emit(type, payload) {

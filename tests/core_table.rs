@@ -1042,16 +1042,26 @@ fn a_host_command_sent_is_decided_by_its_result_not_by_the_next_epoch() {
         error: CommandError::Interrupted,
     };
     assert_eq!(ev, vec![interrupted(&unanswered)]);
-    // Sent, then the connection dropped, and the welcome brings a new epoch: outcome unknown too.
+    // Sent, then the connection dropped: outcome unknown, and said at once (its promise waited
+    // on the outage, for a welcome that can only fail it: it brings no host token before the
+    // resend is checked). Nothing more when the welcome brings a new epoch.
     let mut v = live("a", "a", 2);
     let cut = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
     v.handle_disconnected(at(21));
+    let (_, ev) = drain(&mut v);
+    assert!(ev.contains(&interrupted(&cut)), "{ev:?}");
+    assert_eq!(v.pending().count(), 0);
     v.handle_connected(at(22), Token::new("join-token"));
     drain(&mut v);
     let snap = snapshot(assignment(3, 3, Some("b")), vec![member("b", 2)], None);
-    let (_, ev) = server(&mut v, 23, welcome("a", snap, vec![]));
-    assert!(ev.contains(&interrupted(&cut)), "{ev:?}");
+    let (t, ev) = server(&mut v, 23, welcome("a", snap, vec![]));
     assert!(!ev.contains(&stale(&cut)), "{ev:?}");
+    assert!(
+        !t.iter()
+            .any(|m| matches!(m, ClientMsg::Command { id, .. } if *id == cut)),
+        "{t:?}"
+    );
     // One waiting to be sent again (rejected as retryable) dies with its epoch at once.
     let mut v = live("a", "a", 2);
     let key = host_command(&mut v, 20).unwrap();
@@ -1200,6 +1210,31 @@ fn rate_limited_commands_wait_at_least_retry_after() {
     v.handle_timeout(v.poll_timeout().unwrap());
     let (t, _) = drain(&mut v);
     assert!(matches!(&t[..], [ClientMsg::Command { id, .. }] if id == &key));
+}
+
+/// A retry time past a minute fails the command with the refusal's code at once: it waited it
+/// out, so that a room's byte budget far behind, or a hostile server's `u64::MAX`, left the
+/// app's promise pending for as long.
+#[test]
+fn a_retry_time_past_a_minute_fails_the_command_now() {
+    for wait in [MAX_RETRY_AFTER_MS + 1, u64::MAX] {
+        let mut v = live("b", "a", 2);
+        let key = v
+            .command(at(20), action("vote"), js(json!(1)), None)
+            .unwrap();
+        drain(&mut v);
+        let outcome = Outcome::Rejected {
+            code: RejectCode::RateLimited,
+            current: None,
+            retry_after_ms: Some(wait),
+        };
+        let ev = result(&mut v, 30, &key, outcome);
+        assert!(
+            ev.iter().any(|e| matches!(e, Event::CommandFailed { id, error: CommandError::Rejected(RejectCode::RateLimited) } if id == &key)),
+            "{wait}: {ev:?}"
+        );
+        assert_eq!(v.pending().count(), 0, "{wait}");
+    }
 }
 
 #[test]

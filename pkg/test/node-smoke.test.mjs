@@ -127,7 +127,10 @@ test("a room held through a Proxy (Vue's reactive(), MobX) works: view, on, comm
   const vote = room.command("vote", { option: 1 });
   assert.deepEqual(seen, ["queued"]);
   off();
-  assert.throws(() => room.stamp("x"), (e) => e.code === "NotHost");
+  // Not live: not authoritative, as a host command would be refused (a host cut off is not
+  // "not the host": its session went with the socket, and it was told NotHost).
+  assert.throws(() => room.stamp("x"), (e) => e.code === "NotAuthoritative");
+  await assert.rejects(room.command("host.resign"), (e) => e.code === "NotAuthoritative");
   assert.equal(room.acceptStamped("p", { hostleaseEpoch: 1, body: 1 }), 1);
   // inbox() reads the token, a private member a Proxy cannot reach: a typed error (no server
   // at this address), not a TypeError.
@@ -254,6 +257,27 @@ test("kicked, with an error listener that closes the room: connection: closed is
   assert.deepEqual(seen, ["error kicked", "closed"]);
 });
 
+test("a host kicked, with an error listener that closes the room: nothing of that step after close() but connection: closed", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const ws = NeverOpens.instance;
+  const seen = [];
+  room.on("error", (e) => { seen.push(`error ${e.code}`); room.close(); seen.push("close() returned"); });
+  room.on("connection", ({ phase }) => seen.push(phase));
+  room.on("lease", ({ state }) => seen.push(`lease ${state}`));
+  ws.readyState = 1;
+  ws.onopen?.({});
+  const current = { room: "r", host: "me", session: "me-s", epoch: 1, seq: 1, lease_ms: 5000, reason: "elected", issued_at: 0 };
+  ws.onmessage({ data: JSON.stringify({ v: 1, t: "welcome", you: "me", session: "me-s", missed: [],
+    snapshot: { room: "r", current, members: [{ id: "me", session: "me-s", join_seq: 1, may_host: true, name: "me" }],
+      seq: 1, server_time: 0, actions: { host: [], participant: ["vote"] } } }) });
+  assert.equal(room.view.namedHost, true);
+  seen.length = 0;
+  // The core closes itself in the kick's step (its lease goes with it): the app's close() then
+  // had nothing to close, and the rest of the step (the lease) reached the listeners after it.
+  ws.onmessage({ data: JSON.stringify({ v: 1, t: "error", code: "kicked", message: "removed by an admin" }) });
+  assert.deepEqual(seen, ["error kicked", "closed", "close() returned"]);
+});
+
 test("a token fetch that fails after close() reports nothing: connection: closed was the last event", async () => {
   let calls = 0;
   let fail;
@@ -269,6 +293,24 @@ test("a token fetch that fails after close() reports nothing: connection: closed
   fail(new Error("backend down"));
   await new Promise((r) => setTimeout(r, 20));
   assert.deepEqual(seen, ["closed"]);
+});
+
+test("a background token refresh that fails is tried again in 30 s (it waited for the next reconnect)", async (t) => {
+  t.mock.timers.enable({ apis: ["setTimeout"] });
+  let calls = 0;
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
+    getToken: () => (++calls === 2 ? Promise.reject(new Error("backend down")) : { token: "t", expiresAt: Date.now() + 3_600_000 }) });
+  const errors = [];
+  room.on("error", (e) => errors.push(e.code));
+  try {
+    await room._refreshToken(); // as its timer would, 59.5 minutes on: the backend is down
+    assert.deepEqual([calls, errors], [2, ["TokenUnavailable"]]);
+    t.mock.timers.tick(30_000);
+    await new Promise((r) => setImmediate(r));
+    assert.equal(calls, 3);
+  } finally {
+    room.close();
+  }
 });
 
 /** How many times `getToken` is called in the first `ms` of a room whose tokens expire

@@ -14,4 +14,6 @@ pub use backoff::{Backoff, Entropy, SplitMix64};
 pub use error::CommandError;
 pub use order::{elect, election_cmp, provisional_coordinator, sort_members};
 pub use time::Instant;
-pub use view::{Config, Event, HostView, LeaseState, Phase, Source, Stats, Violation};
+pub use view::{
+    Config, Event, HostView, LeaseState, Phase, Source, Stats, Violation, MAX_RETRY_AFTER_MS,
+};

@@ -259,6 +259,10 @@ struct Grant {
 /// How many recent probe echoes a confirmation may answer.
 const ECHOES_KEPT: usize = 4;
 
+/// The longest server retry time a command waits out; past it the command fails with the
+/// refusal's code.
+pub const MAX_RETRY_AFTER_MS: u64 = 60_000;
+
 fn is_relinquish(action: &Action) -> bool {
     matches!(action.as_str(), ACTION_RESIGN | ACTION_TRANSFER)
 }
@@ -551,13 +555,23 @@ impl HostView {
         if self.lease != LeaseState::NotHost {
             self.set_lease(LeaseState::Unknown);
         }
-        for c in &mut self.commands {
+        // Commands sent and not decided: unknown. A host command fails `Interrupted` now: after
+        // any reconnect it would (a new welcome brings no host token before its resend is
+        // checked), and its promise waited on the outage meanwhile.
+        let mut i = 0;
+        while i < self.commands.len() {
+            let c = &mut self.commands[i];
             if matches!(
                 c.state,
                 CmdState::InFlight { .. } | CmdState::Backoff { .. }
             ) {
+                if c.kind == ActionKind::Host {
+                    self.fail_at(i, CommandError::Interrupted);
+                    continue;
+                }
                 c.state = CmdState::Unknown;
             }
+            i += 1;
         }
         self.set_phase(Phase::Offline);
         self.update_provisional();
@@ -1184,7 +1198,11 @@ impl HostView {
                 let Some(i) = self.commands.iter().position(|c| c.id == id) else {
                     return; // adopting the newer assignment already failed it
                 };
-                if code.is_retryable() && self.commands[i].attempts < self.config.max_attempts {
+                // A retry time past a minute (a room's byte budget far behind, or a hostile
+                // server's u64::MAX) is the app's to decide: the command fails with the
+                // refusal's code now rather than leaving its promise pending for that long.
+                let retry = code.is_retryable() && retry_after_ms <= Some(MAX_RETRY_AFTER_MS);
+                if retry && self.commands[i].attempts < self.config.max_attempts {
                     let attempt = self.commands[i].attempts;
                     let delay =
                         self.config
@@ -1195,7 +1213,7 @@ impl HostView {
                     };
                     return;
                 }
-                let error = if code.is_retryable() {
+                let error = if retry {
                     CommandError::Timeout
                 } else {
                     CommandError::from_reject(code)

@@ -191,7 +191,9 @@ struct State {
     window: Option<web_sys::Window>,
 }
 
-/// What the wrapper receives, one JSON object per event: `{"type": "<snake_case name>", ...}`.
+/// What the wrapper receives, one JSON object per event: `{"type": "<name>", ...}`; but for
+/// `host`, `members`, `event`, `error` and `token_needed`, the rest is the payload of the
+/// wrapper's listeners of that type as it is.
 enum JsEvent<'a> {
     Connection {
         phase: &'static str,
@@ -284,18 +286,22 @@ impl ToJson for JsEvent<'_> {
                 w.field("from", from);
                 w.field("to", to);
             }
+            // The `command` listeners' payload as it is.
             JsEvent::CommandQueued { id } => {
-                ty(w, "command_queued");
+                ty(w, "command");
                 w.field("id", *id);
+                w.field("state", "queued");
             }
             JsEvent::CommandAccepted { id, seq } => {
-                ty(w, "command_accepted");
+                ty(w, "command");
                 w.field("id", *id);
+                w.field("state", "accepted");
                 w.field("seq", seq);
             }
             JsEvent::CommandFailed { id, code, reason } => {
-                ty(w, "command_failed");
+                ty(w, "command");
                 w.field("id", *id);
+                w.field("state", "failed");
                 w.field("code", *code);
                 if let Some(r) = reason {
                     w.field("reason", *r);
@@ -313,7 +319,7 @@ impl ToJson for JsEvent<'_> {
             } => {
                 ty(w, "signal");
                 w.field("from", *from);
-                w.field("from_session", *from_session);
+                w.field("fromSession", *from_session);
                 w.field("data", *data);
             }
             JsEvent::TokenNeeded => ty(w, "token_needed"),
@@ -1262,9 +1268,9 @@ mod tests {
             }));
             let got = seen.borrow();
             got.iter()
-                .rfind(|e| e["type"] == "command_failed" && e["id"] == id)
+                .rfind(|e| e["type"] == "command" && e["state"] == "failed" && e["id"] == id)
                 .cloned()
-                .unwrap_or_else(|| panic!("no command_failed for {id}: {got:?}"))
+                .unwrap_or_else(|| panic!("no failed command for {id}: {got:?}"))
         };
         let id = d.command("vote".into(), "1").unwrap();
         let e = failed(&id, RejectCode::BadRequest);
