@@ -345,8 +345,33 @@ pub trait Store: Send + Sync + 'static {
     async fn housekeeping(&self, keep_log: i64, webhook: bool) -> StoreResult<()>;
 }
 
-/// Outbox rows written to the offline inboxes per transaction.
+/// Outbox rows written to the offline inboxes per transaction, at most.
 const NOTIFY_CHUNK: usize = 16;
+/// Inbox rows written per transaction, about: a transaction holds the one writer every process
+/// commits through, and a room's participants away can be thousands (everyone seen in 30 days),
+/// so that 16 outbox rows could be half a million indexed inserts, seconds in which no lease was
+/// renewed anywhere. A row is never split: one with more participants away is a transaction of
+/// its own.
+const NOTIFY_INSERTS: usize = 2048;
+
+/// How [`Store::notify`] groups rows whose inbox entries number `fanout` into transactions: the
+/// index ranges, in order, each at most [`NOTIFY_CHUNK`] rows and [`NOTIFY_INSERTS`] entries
+/// (but a row past it alone).
+pub fn notify_chunks(fanout: &[usize]) -> Vec<std::ops::Range<usize>> {
+    let mut chunks = Vec::new();
+    let (mut start, mut entries) = (0, 0);
+    for (i, &n) in fanout.iter().enumerate() {
+        if i > start && (i - start == NOTIFY_CHUNK || entries + n > NOTIFY_INSERTS) {
+            chunks.push(start..i);
+            (start, entries) = (i, 0);
+        }
+        entries += n;
+    }
+    if start < fanout.len() {
+        chunks.push(start..fanout.len());
+    }
+    chunks
+}
 
 /// What [`Store::lapsed_rooms`] found.
 #[derive(Debug, Default)]
@@ -1364,19 +1389,11 @@ impl Store for SqliteStore {
             "INSERT INTO inbox (room, participant, item, item_id, created_at) \
              VALUES (?, ?, '', ?, {NOW})"
         );
-        let mut n = 0;
-        for chunk in rows.chunks(NOTIFY_CHUNK) {
-            let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-            for (id, room, seq, item) in chunk {
-                let claimed = sqlx::query(&claim)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
-                if claimed == 0 {
-                    continue; // another process got it
-                }
-                let away: Vec<&ParticipantId> = parts
+        // Who gets each row: decided before any transaction, to size them.
+        let aways: Vec<Vec<&ParticipantId>> = rows
+            .iter()
+            .map(|(_, room, seq, _)| {
+                parts
                     .get(room)
                     .into_iter()
                     .flatten()
@@ -1385,7 +1402,22 @@ impl Store for SqliteStore {
                             .get(&(room.clone(), (*p).clone()))
                             .is_some_and(|&(since, upto)| since < *seq && *seq <= upto)
                     })
-                    .collect();
+                    .collect()
+            })
+            .collect();
+        let fanout: Vec<usize> = aways.iter().map(Vec::len).collect();
+        let mut n = 0;
+        for chunk in notify_chunks(&fanout) {
+            let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+            for ((id, room, _, item), away) in rows[chunk.clone()].iter().zip(&aways[chunk]) {
+                let claimed = sqlx::query(&claim)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if claimed == 0 {
+                    continue; // another process got it
+                }
                 if !away.is_empty() {
                     // The item once; a row per participant away points at it.
                     let item_id: i64 = sqlx::query_scalar(&store_item)

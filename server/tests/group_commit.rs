@@ -7,8 +7,8 @@ use hostlease::protocol::{
     Role, RoomId, Seq, SessionId,
 };
 use hostlease_server::store::{
-    CommandReq, GrantOutcome, GrantReq, Renewed, SqliteStore, Store, INBOX_RETENTION_MS,
-    PARTICIPANT_RETENTION_MS,
+    notify_chunks, CommandReq, GrantOutcome, GrantReq, Renewed, SqliteStore, Store,
+    INBOX_RETENTION_MS, PARTICIPANT_RETENTION_MS,
 };
 use hostlease_server::tokens::{CapClaims, Keypair};
 use serde_json::json;
@@ -367,6 +367,54 @@ async fn a_notified_batch_reaches_exactly_the_offline_participants_of_each_room(
         assert_eq!(got.len(), want, "{p} in {room:?}");
         assert!(got.iter().all(|e| matches!(e.item, Item::Assignment(_))));
     }
+}
+
+/// The notifier's transactions hold the one writer every process commits through: at most 16
+/// outbox rows and about 2,048 inbox entries each, a row never split (one past it alone). A room
+/// with thousands of participants away made 16 rows half a million inserts in one transaction,
+/// seconds in which no lease was renewed anywhere.
+#[test]
+fn notify_transactions_are_bounded_by_rows_and_by_entries() {
+    assert_eq!(notify_chunks(&[1; 40]), vec![0..16, 16..32, 32..40]);
+    assert_eq!(notify_chunks(&[1000; 5]), vec![0..2, 2..4, 4..5]);
+    assert_eq!(
+        notify_chunks(&[30_000, 1, 1, 30_000, 0]),
+        vec![0..1, 1..3, 3..4, 4..5]
+    );
+    assert!(notify_chunks(&[]).is_empty());
+}
+
+/// Rows whose entries take more than one transaction all reach every participant away, once.
+#[tokio::test]
+async fn a_batch_split_by_its_entries_reaches_every_participant_once() {
+    let (_dir, store) = temp_store().await;
+    let keys = Keypair::generate("k1");
+    let room = RoomId::new("big").unwrap();
+    // 1,500 participants seen now: two rows are 3,000 entries, two transactions.
+    sqlx::query(&format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1500) \
+         INSERT INTO participants (room, participant, seen_at) SELECT 'big', 'p' || i, {} FROM n",
+        hostlease_server::store::NOW
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    for epoch in 0..2 {
+        let holder = (
+            ParticipantId::new("p1").unwrap(),
+            SessionId::new(format!("s{epoch}")).unwrap(),
+        );
+        grant_won(&store, &keys, &room, epoch, holder).await;
+    }
+    assert_eq!(notify_all(&store).await, 2);
+    let entries: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM inbox WHERE room = 'big'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(entries, 3000);
+    let p = ParticipantId::new("p1500").unwrap();
+    let got = store.inbox(&room, &p, 0, 100, usize::MAX).await.unwrap();
+    assert_eq!(got.entries.len(), 2);
 }
 
 /// Writes every pending outbox row into the inboxes of the room's participants, all offline.
