@@ -1640,24 +1640,27 @@ impl Store for SqliteStore {
             WEBHOOK_RETENTION_MS + 3_600_000
         };
         self.prune(|| sqlx::query(&outbox).bind(keep)).await?;
-        // Each room's log is trimmed to its newest `keep_log` items. The rooms and their oldest
-        // retained seq are read on the readers (an index look-up per room); only a log that
-        // needs trimming takes the writer.
+        // Each room's log is trimmed to its newest `keep_log` items, and a closed room's goes
+        // whole: no one may join it to read it (it was kept for ever, an app that opens a room
+        // per meeting grew the log without end). The rooms and their oldest retained seq are
+        // read on the readers (an index look-up per room); only a log that needs trimming takes
+        // the writer.
         let mut after = String::new();
         loop {
-            let rooms: Vec<(String, i64)> = sqlx::query_as(
-                "SELECT room, seq FROM rooms WHERE room > ? AND seq > ? ORDER BY room LIMIT 500",
+            let rooms: Vec<(String, i64, bool)> = sqlx::query_as(
+                "SELECT room, seq, closed FROM rooms WHERE room > ? AND (seq > ? OR closed = 1) \
+                 ORDER BY room LIMIT 500",
             )
             .bind(&after)
             .bind(keep_log)
             .fetch_all(&self.pool)
             .await?;
-            let Some((last, _)) = rooms.last() else {
+            let Some((last, ..)) = rooms.last() else {
                 break;
             };
             after = last.clone();
-            for (room, seq) in rooms {
-                let upto = seq - keep_log;
+            for (room, seq, closed) in rooms {
+                let upto = if closed { seq } else { seq - keep_log };
                 let oldest: Option<i64> =
                     sqlx::query_scalar("SELECT MIN(seq) FROM log WHERE room = ?")
                         .bind(&room)

@@ -718,15 +718,23 @@ async fn housekeeping_deletes_find_their_rows_through_an_index() {
 }
 
 /// Each room's log is trimmed to its newest items (a backlog larger than one batch entirely),
-/// a short log is left alone, and a backlog of old idempotency records goes entirely.
+/// a short log is left alone, a closed room's log goes whole (no one may join it to read it; it
+/// was kept for ever), and a backlog of old idempotency records goes entirely.
 #[tokio::test]
 async fn housekeeping_trims_every_room_log_and_old_idempotency_records() {
     let (_dir, store) = temp_store().await;
     let now = hostlease_server::store::NOW;
-    for (room, seq) in [("a", 2500), ("b", 5), ("c", 1200)] {
-        sqlx::query("INSERT INTO rooms (room, seq) VALUES (?, ?)")
+    for (room, seq, closed) in [
+        ("a", 2500, false),
+        ("b", 5, false),
+        ("c", 1200, false),
+        ("d", 50, true),
+        ("e", 1500, true),
+    ] {
+        sqlx::query("INSERT INTO rooms (room, seq, closed) VALUES (?, ?, ?)")
             .bind(room)
             .bind(seq)
+            .bind(closed)
             .execute(store.pool())
             .await
             .unwrap();
@@ -763,6 +771,11 @@ async fn housekeeping_trims_every_room_log_and_old_idempotency_records() {
                 .unwrap();
         assert_eq!((lo, hi, n), (first, last, last - first + 1), "room {room}");
     }
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM log WHERE room IN ('d', 'e')")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "closed rooms' logs");
     let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM idempotency")
         .fetch_all(store.pool())
         .await
