@@ -234,11 +234,12 @@ async fn a_webhook_backlog_past_one_batch_is_sent_without_pausing_between_batche
     }
     let v = arrived.lock().unwrap().clone();
     assert_eq!(v.len(), 150, "each row once");
-    // A pause between two batches would be 2 s or more.
-    let span = v[v.len() - 1] - v[0];
+    // A pause between two batches would be 2 s or more between two deliveries (the work itself,
+    // however slow the machine, comes in steps shorter than that).
+    let gap = v.windows(2).map(|w| w[1] - w[0]).max().unwrap();
     assert!(
-        span < std::time::Duration::from_secs(2),
-        "{span:?} from the first to the last"
+        gap < std::time::Duration::from_millis(1900),
+        "{gap:?} between two batches"
     );
 }
 
