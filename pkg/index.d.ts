@@ -208,7 +208,8 @@ export declare class Room {
    * (`NotHost`, `NotAuthoritative`, `LeaseExpired`, `NoCapability`, `UnknownAction`, `BadPayload`, `QueueFull`,
    * `BadArgument`), by the server (`StaleEpoch`, `NotHost`, `LeaseExpired`, `NoCapability`, `IdempotencyConflict`,
    * `Rejected` with its code in `.reason`; a refusal the server says to retry in more than a
-   * minute, e.g. `rate_limited`, is `Rejected` at once rather than waited out),
+   * minute, e.g. `rate_limited`, is `Rejected` at once rather than waited out, or `Interrupted`
+   * if it answered a resend),
    * or unknown (`Timeout`, `Interrupted`, `Closed`). A command already sent once and never
    * answered that a check here refuses when it is due again fails `Interrupted`: the first attempt
    * may have been applied. So does one sent and never answered that would go again 47 h or

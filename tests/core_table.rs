@@ -1062,6 +1062,19 @@ fn a_host_command_sent_is_decided_by_its_result_not_by_the_next_epoch() {
             .any(|m| matches!(m, ClientMsg::Command { id, .. } if *id == cut)),
         "{t:?}"
     );
+    // One whose only attempt was refused, waiting to go again, was certainly not applied: not
+    // authoritative now, rather than "outcome unknown".
+    let mut v = live("a", "a", 2);
+    let waiting = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    result(&mut v, 21, &waiting, rejected(RejectCode::RateLimited));
+    v.handle_disconnected(at(22));
+    let (_, ev) = drain(&mut v);
+    let refused = Event::CommandFailed {
+        id: waiting.clone(),
+        error: CommandError::NotAuthoritative,
+    };
+    assert!(ev.contains(&refused), "{ev:?}");
     // One waiting to be sent again (rejected as retryable) dies with its epoch at once.
     let mut v = live("a", "a", 2);
     let key = host_command(&mut v, 20).unwrap();
@@ -1235,6 +1248,30 @@ fn a_retry_time_past_a_minute_fails_the_command_now() {
         );
         assert_eq!(v.pending().count(), 0, "{wait}");
     }
+    // The same answer to a resend (the first attempt's result lost to a timeout): that attempt
+    // may have been applied, the rate limit being checked before the key is looked up.
+    let mut v = live("b", "a", 2);
+    let key = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    drain(&mut v);
+    v.handle_timeout(at(60_000));
+    let (t, _) = drain(&mut v);
+    assert!(
+        t.iter()
+            .any(|m| matches!(m, ClientMsg::Command { id, .. } if *id == key)),
+        "{t:?}"
+    );
+    let outcome = Outcome::Rejected {
+        code: RejectCode::RateLimited,
+        current: None,
+        retry_after_ms: Some(u64::MAX),
+    };
+    let ev = result(&mut v, 60_001, &key, outcome);
+    assert!(
+        ev.iter().any(|e| matches!(e, Event::CommandFailed { id, error: CommandError::Interrupted } if id == &key)),
+        "{ev:?}"
+    );
 }
 
 #[test]

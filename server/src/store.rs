@@ -345,6 +345,12 @@ pub trait Store: Send + Sync + 'static {
     async fn housekeeping(&self, keep_log: i64, webhook: bool) -> StoreResult<()>;
 }
 
+/// A room's lease TTL (binds: the server's default): its own, if set, never under the floor
+/// ([`crate::LEASE_MS`]; one set through the admin API when the floor was 30 ms stays in the
+/// row).
+const TTL: &str = "MAX(COALESCE(ttl_ms, ?), 1000)";
+const _: () = assert!(*crate::LEASE_MS.start() == 1000);
+
 /// Outbox rows written to the offline inboxes per transaction, at most.
 const NOTIFY_CHUNK: usize = 16;
 /// Inbox rows written per transaction, about: a transaction holds the one writer every process
@@ -517,9 +523,9 @@ async fn grant_in_tx(
     };
     let q = format!(
         "UPDATE rooms SET host = ?, session = ?, epoch = epoch + 1, seq = seq + 1, \
-         lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE MAX({NOW}, {fence}) + COALESCE(ttl_ms, ?) END, \
+         lease_expires = CASE WHEN ? IS NULL THEN 0 ELSE MAX({NOW}, {fence}) + {TTL} END, \
          fenced_until = {fence}, \
-         lease_ms = COALESCE(ttl_ms, ?), closed = closed OR ? \
+         lease_ms = {TTL}, closed = closed OR ? \
          WHERE room = ? AND epoch = ? AND (closed = 0 OR ?){lapsed} \
          RETURNING epoch, seq, lease_ms, {NOW} AS now"
     );
@@ -788,8 +794,8 @@ async fn renew_in_tx(c: &mut SqliteConnection, r: &Renewal) -> StoreResult<Optio
     // Never shorter than it was: the holder was told of the lease it had (a TTL lowered since
     // applies from here on, as the confirm says), and a fence is taken from it.
     let q = format!(
-        "UPDATE rooms SET lease_expires = MAX(lease_expires, {NOW} + COALESCE(ttl_ms, ?)) \
-         {held} AND fenced_until <= {NOW} RETURNING lease_expires, COALESCE(ttl_ms, ?)"
+        "UPDATE rooms SET lease_expires = MAX(lease_expires, {NOW} + {TTL}) \
+         {held} AND fenced_until <= {NOW} RETURNING lease_expires, {TTL}"
     );
     let row: Option<(i64, i64)> = sqlx::query_as(&q)
         .bind(r.lease_ms as i64)
@@ -1389,27 +1395,28 @@ impl Store for SqliteStore {
             "INSERT INTO inbox (room, participant, item, item_id, created_at) \
              VALUES (?, ?, '', ?, {NOW})"
         );
-        // Who gets each row: decided before any transaction, to size them.
-        let aways: Vec<Vec<&ParticipantId>> = rows
-            .iter()
-            .map(|(_, room, seq, _)| {
-                parts
-                    .get(room)
-                    .into_iter()
-                    .flatten()
-                    .filter(|p| {
-                        !online
-                            .get(&(room.clone(), (*p).clone()))
-                            .is_some_and(|&(since, upto)| since < *seq && *seq <= upto)
-                    })
-                    .collect()
+        // Who gets a row; counted for every row before any transaction, to size them (the
+        // lists themselves one row at a time: a batch of a room with thousands away is millions).
+        fn away<'a>(
+            parts: &'a std::collections::HashMap<&RoomId, Vec<ParticipantId>>,
+            online: &'a Online,
+            room: &'a RoomId,
+            seq: Seq,
+        ) -> impl Iterator<Item = &'a ParticipantId> + 'a {
+            parts.get(room).into_iter().flatten().filter(move |p| {
+                !online
+                    .get(&(room.clone(), (*p).clone()))
+                    .is_some_and(|&(since, upto)| since < seq && seq <= upto)
             })
+        }
+        let fanout: Vec<usize> = rows
+            .iter()
+            .map(|(_, room, seq, _)| away(&parts, online, room, *seq).count())
             .collect();
-        let fanout: Vec<usize> = aways.iter().map(Vec::len).collect();
         let mut n = 0;
         for chunk in notify_chunks(&fanout) {
             let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-            for ((id, room, _, item), away) in rows[chunk.clone()].iter().zip(&aways[chunk]) {
+            for (id, room, seq, item) in &rows[chunk] {
                 let claimed = sqlx::query(&claim)
                     .bind(id)
                     .execute(&mut *tx)
@@ -1418,6 +1425,7 @@ impl Store for SqliteStore {
                 if claimed == 0 {
                     continue; // another process got it
                 }
+                let away: Vec<&ParticipantId> = away(&parts, online, room, *seq).collect();
                 if !away.is_empty() {
                     // The item once; a row per participant away points at it.
                     let item_id: i64 = sqlx::query_scalar(&store_item)
@@ -1648,7 +1656,8 @@ impl Store for SqliteStore {
         let mut after = String::new();
         loop {
             let rooms: Vec<(String, i64, bool)> = sqlx::query_as(
-                "SELECT room, seq, closed FROM rooms WHERE room > ? AND (seq > ? OR closed = 1) \
+                "SELECT room, seq, closed FROM rooms WHERE room > ? AND (seq > ? OR closed = 1 \
+                 AND EXISTS (SELECT 1 FROM log WHERE log.room = rooms.room)) \
                  ORDER BY room LIMIT 500",
             )
             .bind(&after)

@@ -118,6 +118,8 @@ pub async fn worker(app: Arc<App>) {
                 .webhook_result(id, delivered, backoff_ms(attempts))
                 .await
             {
+                // (The row is sent again once its claim ends: no next batch at once.)
+                delivered_all = false;
                 tracing::warn!(error = %e, "webhook result not recorded");
             }
         }

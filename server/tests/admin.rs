@@ -86,7 +86,7 @@ async fn admin_reassign_kick_and_close() {
     assert_eq!(same["epoch"], 2, "{same}");
     c.pump(std::time::Duration::from_millis(600)).await;
     assert_eq!(c.view.epoch(), Some(Epoch(2)));
-    assert!(c.has_authority());
+    c.pump_until("carol acting", |s| s.has_authority()).await;
 
     // Kicking the host replaces it at once.
     assert_eq!(kick(srv.addr, "adm", "carol").await, 1);

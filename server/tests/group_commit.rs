@@ -46,6 +46,31 @@ async fn grant_won(
     ));
 }
 
+/// A room TTL stored when the floor was 30 ms is used at the floor, 1 s, by grants and renewals
+/// alike: under it the SDK never held the lease, and nothing failed the host over.
+#[tokio::test]
+async fn a_room_ttl_stored_under_the_floor_is_used_at_the_floor() {
+    let (_dir, store) = temp_store().await;
+    let keys = Keypair::generate("k1");
+    let room = RoomId::new("short").unwrap();
+    sqlx::query("INSERT INTO rooms (room, ttl_ms) VALUES ('short', 300)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let (p, sid) = (
+        ParticipantId::new("h").unwrap(),
+        SessionId::new("h-s").unwrap(),
+    );
+    grant_won(&store, &keys, &room, 0, (p.clone(), sid.clone())).await;
+    let row = store.room(&room).await.unwrap().unwrap();
+    assert_eq!(row.current.unwrap().assignment.lease_ms, 1000);
+    let renewed = store.renew(&room, Epoch(1), &p, &sid, LEASE).await.unwrap();
+    assert!(
+        matches!(renewed, Some(Renewed::Until { lease_ms: 1000, .. })),
+        "{renewed:?}"
+    );
+}
+
 /// Room `group` granted to alice (epoch 1), and her host capability.
 async fn hosted(store: &SqliteStore, keys: &Keypair) -> (RoomId, CapClaims) {
     let room = RoomId::new("group").unwrap();

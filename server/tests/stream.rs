@@ -588,14 +588,14 @@ async fn a_backlog_past_one_batch_is_notified_without_pausing_between_batches() 
 }
 
 /// A host's lease echoes answer the server's own probes and do not count against its flood
-/// limit: with a low message rate and a short lease, the echoes alone (three a second here,
-/// against a flood refill of two) drained it and the healthy host was closed `rate_limited`.
+/// limit: with a low message rate and a short lease, the echoes alone (two a second here,
+/// against a flood refill of 0.8) drained it and the healthy host was closed `rate_limited`.
 #[tokio::test]
 async fn lease_echoes_do_not_count_against_the_flood_limit() {
     let srv = start(hostlease_server::Config {
-        msg_rate: 0.5,
+        msg_rate: 0.2,
         msg_burst: 1.0,
-        lease_ms: 1000,
+        lease_ms: 1500,
         ..test_config()
     })
     .await;
@@ -617,7 +617,7 @@ async fn lease_echoes_do_not_count_against_the_flood_limit() {
             None => break,
         }
     }
-    assert!(echoed >= 16, "{echoed} probes answered in 8 s");
+    assert!(echoed >= 10, "{echoed} probes answered in 8 s");
 }
 
 /// A browser app on another origin may read snapshots, its inbox (with its token in the

@@ -566,7 +566,9 @@ impl HostView {
                 CmdState::InFlight { .. } | CmdState::Backoff { .. }
             ) {
                 if c.kind == ActionKind::Host {
-                    self.fail_at(i, CommandError::Interrupted);
+                    // (One whose every attempt was refused, waiting to go again: certainly not
+                    // applied, and not authoritative now.)
+                    self.refuse(i, CommandError::NotAuthoritative);
                     continue;
                 }
                 c.state = CmdState::Unknown;
@@ -1228,7 +1230,14 @@ impl HostView {
                     // outcome is unknown the session stays relinquished and lets the lease lapse.)
                     self.set_lease(LeaseState::Unknown);
                 }
-                self.fail_at(i, error);
+                if retry || !code.is_retryable() {
+                    self.fail_at(i, error);
+                } else {
+                    // Refused for too long: if this answered a resend, an earlier attempt may
+                    // have been applied (the rate limits come before the key's look-up), and it
+                    // fails `Interrupted`.
+                    self.refuse(i, error);
+                }
                 if code == RejectCode::LeaseExpired && matches!(self.lease, LeaseState::Held { .. })
                 {
                     self.set_lease(LeaseState::Expired);
