@@ -988,6 +988,23 @@ fn result(v: &mut HostView, ms: u64, id: &IdempotencyKey, outcome: Outcome) -> V
     ev
 }
 
+/// A live participant's vote (made at 20 ms), unanswered and sent again by `ms`.
+fn vote_resent(ms: u64) -> (HostView, IdempotencyKey) {
+    let mut v = live("b", "a", 2);
+    let key = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    drain(&mut v);
+    v.handle_timeout(at(ms));
+    let (t, _) = drain(&mut v);
+    assert!(
+        t.iter()
+            .any(|m| matches!(m, ClientMsg::Command { id, .. } if *id == key)),
+        "{t:?}"
+    );
+    (v, key)
+}
+
 fn rejected(code: RejectCode) -> Outcome {
     Outcome::Rejected {
         code,
@@ -1250,18 +1267,7 @@ fn a_retry_time_past_a_minute_fails_the_command_now() {
     }
     // The same answer to a resend (the first attempt's result lost to a timeout): that attempt
     // may have been applied, the rate limit being checked before the key is looked up.
-    let mut v = live("b", "a", 2);
-    let key = v
-        .command(at(20), action("vote"), js(json!(1)), None)
-        .unwrap();
-    drain(&mut v);
-    v.handle_timeout(at(60_000));
-    let (t, _) = drain(&mut v);
-    assert!(
-        t.iter()
-            .any(|m| matches!(m, ClientMsg::Command { id, .. } if *id == key)),
-        "{t:?}"
-    );
+    let (mut v, key) = vote_resent(60_000);
     let outcome = Outcome::Rejected {
         code: RejectCode::RateLimited,
         current: None,
@@ -1367,18 +1373,7 @@ fn leave_fails_pending_commands_and_closes() {
     }));
     // Sent, not answered in time and sent again, the second attempt refused as retryable: the
     // first may still be applied.
-    let mut v = live("b", "a", 2);
-    let key = v
-        .command(at(20), action("vote"), js(json!(1)), None)
-        .unwrap();
-    drain(&mut v);
-    v.handle_timeout(at(11_000));
-    let (t, _) = drain(&mut v);
-    assert!(
-        t.iter()
-            .any(|m| matches!(m, ClientMsg::Command { id, .. } if *id == key)),
-        "{t:?}"
-    );
+    let (mut v, key) = vote_resent(11_000);
     result(&mut v, 11_001, &key, rejected(RejectCode::RateLimited));
     v.leave(at(11_002));
     let (_, ev) = drain(&mut v);

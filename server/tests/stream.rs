@@ -549,12 +549,7 @@ async fn a_backlog_past_one_batch_is_notified_without_pausing_between_batches() 
         store,
     )
     .await;
-    let db = sqlx::SqlitePool::connect(&format!(
-        "sqlite://{}",
-        srv.dir.path().join("h.db").display()
-    ))
-    .await
-    .unwrap();
+    let db = srv.db().await;
     let count = |q: &'static str| {
         let db = db.clone();
         async move {

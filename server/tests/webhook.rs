@@ -134,12 +134,7 @@ async fn an_embedded_server_keeps_undelivered_rows_for_its_webhook() {
         ..test_config()
     })
     .await;
-    let db = sqlx::SqlitePool::connect(&format!(
-        "sqlite://{}",
-        srv.dir.path().join("h.db").display()
-    ))
-    .await
-    .unwrap();
+    let db = srv.db().await;
     let count = |q: &str| {
         let (db, q) = (db.clone(), q.to_string());
         async move {

@@ -131,6 +131,14 @@ impl TestServer {
         .await
     }
 
+    /// A pool of the server's database (another connection to its file).
+    pub async fn db(&self) -> sqlx::SqlitePool {
+        let url = format!("sqlite://{}", self.dir.path().join("h.db").display());
+        sqlx::SqlitePool::connect(&url)
+            .await
+            .expect("the server's database")
+    }
+
     /// The server's Prometheus page.
     pub async fn metrics(&self) -> String {
         reqwest::get(format!("http://{}/metrics", self.addr))
