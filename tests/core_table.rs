@@ -988,13 +988,28 @@ fn result(v: &mut HostView, ms: u64, id: &IdempotencyKey, outcome: Outcome) -> V
     ev
 }
 
-/// A live participant's vote (made at 20 ms), unanswered and sent again by `ms`.
-fn vote_resent(ms: u64) -> (HostView, IdempotencyKey) {
+/// A live participant's vote, made at 20 ms and sent.
+fn voted() -> (HostView, IdempotencyKey) {
     let mut v = live("b", "a", 2);
     let key = v
         .command(at(20), action("vote"), js(json!(1)), None)
         .unwrap();
     drain(&mut v);
+    (v, key)
+}
+
+/// The server's refusal `rate_limited`, to retry in `ms`.
+fn rate_limited(ms: u64) -> Outcome {
+    Outcome::Rejected {
+        code: RejectCode::RateLimited,
+        current: None,
+        retry_after_ms: Some(ms),
+    }
+}
+
+/// A live participant's vote (made at 20 ms), unanswered and sent again by `ms`.
+fn vote_resent(ms: u64) -> (HostView, IdempotencyKey) {
+    let (mut v, key) = voted();
     v.handle_timeout(at(ms));
     let (t, _) = drain(&mut v);
     assert!(
@@ -1210,16 +1225,8 @@ fn unanswered_commands_are_resent_with_the_same_key_then_time_out() {
 
 #[test]
 fn rate_limited_commands_wait_at_least_retry_after() {
-    let mut v = live("b", "a", 2);
-    let key = v
-        .command(at(20), action("vote"), js(json!(1)), None)
-        .unwrap();
-    drain(&mut v);
-    let outcome = Outcome::Rejected {
-        code: RejectCode::RateLimited,
-        current: None,
-        retry_after_ms: Some(60_000),
-    };
+    let (mut v, key) = voted();
+    let outcome = rate_limited(60_000);
     server(
         &mut v,
         30,
@@ -1248,16 +1255,8 @@ fn rate_limited_commands_wait_at_least_retry_after() {
 #[test]
 fn a_retry_time_past_a_minute_fails_the_command_now() {
     for wait in [MAX_RETRY_AFTER_MS + 1, u64::MAX] {
-        let mut v = live("b", "a", 2);
-        let key = v
-            .command(at(20), action("vote"), js(json!(1)), None)
-            .unwrap();
-        drain(&mut v);
-        let outcome = Outcome::Rejected {
-            code: RejectCode::RateLimited,
-            current: None,
-            retry_after_ms: Some(wait),
-        };
+        let (mut v, key) = voted();
+        let outcome = rate_limited(wait);
         let ev = result(&mut v, 30, &key, outcome);
         assert!(
             ev.iter().any(|e| matches!(e, Event::CommandFailed { id, error: CommandError::Rejected(RejectCode::RateLimited) } if id == &key)),
@@ -1268,12 +1267,7 @@ fn a_retry_time_past_a_minute_fails_the_command_now() {
     // The same answer to a resend (the first attempt's result lost to a timeout): that attempt
     // may have been applied, the rate limit being checked before the key is looked up.
     let (mut v, key) = vote_resent(60_000);
-    let outcome = Outcome::Rejected {
-        code: RejectCode::RateLimited,
-        current: None,
-        retry_after_ms: Some(u64::MAX),
-    };
-    let ev = result(&mut v, 60_001, &key, outcome);
+    let ev = result(&mut v, 60_001, &key, rate_limited(u64::MAX));
     assert!(
         ev.iter().any(|e| matches!(e, Event::CommandFailed { id, error: CommandError::Interrupted } if id == &key)),
         "{ev:?}"
