@@ -304,16 +304,24 @@ async fn command(
     // The participant's command rate, shared with its WebSocket sessions; charged for a
     // capability that has not expired only (anyone holding an old one of X's, whose signature
     // stays good, could otherwise keep X's bucket empty).
-    let rate = if claims.exp > crate::tokens::now_ms() {
-        app.command_limiter
+    let charged = claims.exp > crate::tokens::now_ms();
+    if charged {
+        if let Err(ms) = app
+            .command_limiter
             .admit((room.clone(), claims.sub.clone()))
-    } else {
-        Ok(())
-    };
-    if let Err(ms) = rate {
-        return too_many_requests(ms, json_body(&crate::ws::rate_limited(ms)));
+        {
+            return too_many_requests(ms, json_body(&crate::ws::rate_limited(ms)));
+        }
     }
-    let hub = match app.room(&room).await {
+    let loaded = app.room(&room).await;
+    if charged && !matches!(loaded, Ok(Some(_))) {
+        // Charged before the room is loaded (so that a flood does not load rooms), and given
+        // back when it cannot be: the retry of a 503 was refused 429 for a command that never
+        // reached a room.
+        app.command_limiter
+            .refund((room.clone(), claims.sub.clone()), 1.0);
+    }
+    let hub = match loaded {
         Ok(Some(h)) => h,
         Ok(None) => return (StatusCode::SERVICE_UNAVAILABLE, "too many rooms").into_response(),
         Err(_) => {

@@ -793,6 +793,48 @@ async fn a_forged_command_loads_no_room() {
     );
 }
 
+/// A command whose room cannot be loaded (every room slot taken) gives back the command-rate
+/// token it was charged: with a burst of one, the retry of a 503 was refused 429 `rate_limited`
+/// for a command that never reached a room.
+#[tokio::test]
+async fn a_command_whose_room_cannot_be_loaded_keeps_its_rate_token() {
+    let srv = start(hostlease_server::Config {
+        max_rooms: 1,
+        msg_rate: 0.01,
+        msg_burst: 1.0,
+        ..test_config()
+    })
+    .await;
+    let mut a = srv.raw("one", "a", false).await;
+    let _ = ptoken(&mut a).await;
+    let claims = hostlease_server::tokens::CapClaims {
+        room: RoomId::new("two").unwrap(),
+        sub: ParticipantId::new("c").unwrap(),
+        sid: SessionId::new("s-1").unwrap(),
+        role: Role::Participant,
+        epoch: None,
+        actions: vec![Action::new("vote").unwrap()],
+        exp: hostlease_server::tokens::now_ms() + 60_000,
+        sat: 0,
+        kid: srv.app.keys.kid.clone(),
+    };
+    let token = srv
+        .app
+        .keys
+        .sign_token(hostlease_server::tokens::CAP_PREFIX, &claims);
+    for attempt in 0..3 {
+        let r = reqwest::Client::new()
+            .post(format!("http://{}/v1/rooms/two/commands", srv.addr))
+            .bearer_auth(&token)
+            .header("Idempotency-Key", "full-1")
+            .json(&serde_json::json!({"action": "vote", "payload": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 503, "attempt {attempt}");
+    }
+}
+
 /// A probe's nonce is spent by its first echo: echoing it again renews nothing and is not
 /// confirmed again.
 #[tokio::test]
