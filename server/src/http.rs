@@ -305,11 +305,9 @@ async fn command(
     // capability that has not expired only (anyone holding an old one of X's, whose signature
     // stays good, could otherwise keep X's bucket empty).
     let charged = claims.exp > crate::tokens::now_ms();
+    let bucket = (room.clone(), claims.sub.clone());
     if charged {
-        if let Err(ms) = app
-            .command_limiter
-            .admit((room.clone(), claims.sub.clone()))
-        {
+        if let Err(ms) = app.command_limiter.admit(bucket.clone()) {
             return too_many_requests(ms, json_body(&crate::ws::rate_limited(ms)));
         }
     }
@@ -318,8 +316,7 @@ async fn command(
         // Charged before the room is loaded (so that a flood does not load rooms), and given
         // back when it cannot be: the retry of a 503 was refused 429 for a command that never
         // reached a room.
-        app.command_limiter
-            .refund((room.clone(), claims.sub.clone()), 1.0);
+        app.command_limiter.refund(bucket, 1.0);
     }
     let hub = match loaded {
         Ok(Some(h)) => h,

@@ -1669,13 +1669,18 @@ impl Store for SqliteStore {
             };
             after = last.clone();
             for (room, seq, closed) in rooms {
+                // A closed room was listed only with a log left (the scan's `EXISTS`): all of it
+                // goes, without asking where it starts.
                 let upto = if closed { seq } else { seq - keep_log };
-                let oldest: Option<i64> =
-                    sqlx::query_scalar("SELECT MIN(seq) FROM log WHERE room = ?")
-                        .bind(&room)
-                        .fetch_one(&self.pool)
-                        .await?;
-                if oldest.is_some_and(|o| o <= upto) {
+                let trim = closed || {
+                    let oldest: Option<i64> =
+                        sqlx::query_scalar("SELECT MIN(seq) FROM log WHERE room = ?")
+                            .bind(&room)
+                            .fetch_one(&self.pool)
+                            .await?;
+                    oldest.is_some_and(|o| o <= upto)
+                };
+                if trim {
                     self.prune(|| sqlx::query(&log).bind(&room).bind(upto))
                         .await?;
                 }
