@@ -25,7 +25,12 @@ pub use rooms::App;
 /// to 24 h. The SDK keeps 1 % + 250 ms of a lease back for drift and safety: a host granted a
 /// lease under about 300 ms plus a round trip never held it, was renewed for ever, could never act
 /// and was never failed over.
-pub const LEASE_MS: std::ops::RangeInclusive<u64> = 1000..=86_400_000;
+pub const LEASE_MS: std::ops::RangeInclusive<u64> = 1000..=MAX_CAPABILITY_MS;
+
+/// The longest any capability lives: a participant token (`participant_token_ms`) or a host's,
+/// which expires with its lease. A kick, which revokes the capabilities minted before it, is
+/// kept an hour longer than this.
+pub const MAX_CAPABILITY_MS: u64 = 86_400_000;
 
 /// Server configuration (the CLI and environment fill it; tests build it directly).
 #[derive(Clone)]
@@ -182,8 +187,10 @@ impl Config {
         }
         // 0 made every session's refresh due at once, for ever (a token expired as issued, a
         // capability frame per turn of its loop); past a day, `now + ttl` could overflow.
-        if !(1000..=86_400_000).contains(&self.participant_token_ms) {
-            return Err("participant_token_ms must be within 1000..=86400000".into());
+        if !(1000..=MAX_CAPABILITY_MS).contains(&self.participant_token_ms) {
+            return Err(format!(
+                "participant_token_ms must be within 1000..={MAX_CAPABILITY_MS}"
+            ));
         }
         if !(1..=hostlease::protocol::codec::HEARTBEAT_MS).contains(&self.heartbeat_ms) {
             return Err(format!(

@@ -48,6 +48,10 @@ const SEEN_REFRESH_MS: i64 = 24 * 3600 * 1000;
 /// Rows deleted per statement by housekeeping's retention.
 const PRUNE_BATCH: u64 = 1000;
 
+/// How long a kick is kept: it revokes the capabilities minted before it, which live up to
+/// [`crate::MAX_CAPABILITY_MS`]; an hour more for clocks and a process's late sweep.
+pub const KICK_RETENTION_MS: i64 = crate::MAX_CAPABILITY_MS as i64 + 3_600_000;
+
 /// A webhook delivery is retried (backoff capped at 5 min) for this long after its commit: a
 /// receiver down for a deploy or a partition misses nothing. Given up after, counted in
 /// `hostlease_webhook_given_up_total` with a WARN line.
@@ -339,9 +343,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Vec<(i64, RoomId, ParticipantId)>>;
     /// The newest kick's id (0: none).
     async fn kicks_max_id(&self) -> StoreResult<i64>;
-    /// Deletes idempotency records older than the retention, kicks older than an hour, and trims
-    /// each room's log to its newest `keep` items; outbox rows go after an hour once notified,
-    /// but with `webhook` only once delivered too, or given up after 24 h.
+    /// Deletes idempotency records older than the retention, kicks older than
+    /// [`KICK_RETENTION_MS`], and trims each room's log to its newest `keep` items; outbox rows
+    /// go after an hour once notified, but with `webhook` only once delivered too, or given up
+    /// after 24 h.
     async fn housekeeping(&self, keep_log: i64, webhook: bool) -> StoreResult<()>;
 }
 
@@ -676,7 +681,7 @@ async fn command_in_tx(
     // A kick revokes every capability of the participant's sessions begun before it: they are
     // closed, but a participant capability kept working over HTTP until it expired, and a
     // session on another process than the kick's sent commands until that process's next sweep
-    // closed it (an index look-up; the table holds an hour of kicks).
+    // closed it (an index look-up; the table holds a day and an hour of kicks).
     let kicked: Option<i64> = sqlx::query_scalar(
         "SELECT 1 FROM kicks WHERE room = ? AND participant = ? AND created_at >= ? LIMIT 1",
     )
@@ -1606,7 +1611,9 @@ impl Store for SqliteStore {
     }
 
     async fn housekeeping(&self, keep_log: i64, webhook: bool) -> StoreResult<()> {
-        let q = format!("DELETE FROM kicks WHERE created_at < {NOW} - 3600000");
+        // A kick revokes the capabilities minted before it for as long as any of them can live:
+        // deleted after an hour, a 24 h participant token from before it worked again.
+        let q = format!("DELETE FROM kicks WHERE created_at < {NOW} - {KICK_RETENTION_MS}");
         sqlx::query(&q).execute(&self.writer).await?;
         // Rows a process of the code before migration 0005 wrote (during a rolling upgrade)
         // carry 0: they count from now.

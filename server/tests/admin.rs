@@ -1473,3 +1473,38 @@ async fn a_forced_grant_within_a_fence_keeps_it() {
         "carol",
     );
 }
+
+/// A kicked host whose connection is gone (dropped, its lease still running) is replaced at
+/// once: it is a member of no process, and the kick replaced only the sessions it closed, so the
+/// room waited out the lease (here a minute; with an admin TTL up to a day) with no host able to
+/// act.
+#[tokio::test]
+async fn kicking_a_host_whose_connection_dropped_replaces_it() {
+    let srv = start(hostlease_server::Config {
+        lease_ms: 60_000,
+        ..test_config()
+    })
+    .await;
+    let mut alice = srv.raw("kd", "alice", true).await;
+    alice.until_host().await;
+    let mut bob = srv.raw("kd", "bob", true).await;
+    // The connection drops without a close: the lease is left to run out.
+    drop(alice);
+    let dropped = "hostlease_connections_closed_total{how=\"dropped\"} 1";
+    for _ in 0..300 {
+        if srv.metrics().await.contains(dropped) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(srv.metrics().await.contains(dropped));
+    assert_eq!(kick(srv.addr, "kd", "alice").await, 0);
+    let a = bob
+        .until(|m| match m {
+            ServerMsg::Assignment(x) => Some(x.assignment.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(a.reason, Reason::Kicked);
+    assert_eq!(a.host.as_ref().map(|h| h.as_str()), Some("bob"));
+}

@@ -947,3 +947,34 @@ async fn stores_opened_at_once_on_one_file_all_open() {
         }
     }
 }
+
+/// A kick is kept as long as a capability minted before it can live (a day) and an hour: it
+/// revokes them over HTTP, and deleted after an hour, a day-long participant token from before
+/// it worked again.
+#[tokio::test]
+async fn kicks_are_kept_as_long_as_the_capabilities_they_revoke() {
+    let (_dir, store) = temp_store().await;
+    let now = hostlease_server::store::NOW;
+    let keep = hostlease_server::store::KICK_RETENTION_MS;
+    assert!(keep > hostlease_server::MAX_CAPABILITY_MS as i64);
+    for (p, age) in [
+        ("recent", 7_200_000),
+        ("day", keep - 60_000),
+        ("old", keep + 60_000),
+    ] {
+        sqlx::query(&format!(
+            "INSERT INTO kicks (room, participant, created_at) VALUES ('k', ?, {now} - ?)"
+        ))
+        .bind(p)
+        .bind(age)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+    store.housekeeping(10_000, false).await.unwrap();
+    let left: Vec<String> = sqlx::query_scalar("SELECT participant FROM kicks ORDER BY id")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, ["recent", "day"]);
+}
