@@ -231,8 +231,8 @@ export declare class Room {
    * attached for a peer id replaces (detaches) the one attached before, even a channel already
    * closing, which is then not attached. Does nothing
    * else after `close()`; a channel that closes is detached (call `detachPeer` when closing the
-   * `RTCPeerConnection` yourself: Safari then fires no `close` on its channels). Throws a `UsageError` (`BadArgument`) for a peer id that is not a string
-   * or a `channel` that is not an event target. The SDK sends and reads its own
+   * `RTCPeerConnection` yourself: Safari then fires no `close` on its channels). Throws a `UsageError` (`BadArgument`) for a peer id that is not a valid
+   * participant id (1-128 of `A-Z a-z 0-9 - _ . : @`) or a `channel` that is not an event target. The SDK sends and reads its own
    * `{"t":"hostlease.relay"}` messages on `channel`: best a channel of its own. */
   attachPeer(peerId: string, channel: RTCDataChannel): void;
   detachPeer(peerId: string): void;

@@ -380,14 +380,14 @@ export class Room {
 
   /** Relays presence and server-signed assignments over `channel` (an RTCDataChannel). */
   attachPeer(peerId, channel) {
-    if (typeof peerId !== "string" || typeof channel?.addEventListener !== "function") {
+    if (!id(peerId) || typeof channel?.addEventListener !== "function") {
       throw new UsageError(ErrorCode.BadArgument, "attachPeer() needs a peer id and an RTCDataChannel");
     }
     this.detachPeer(peerId);
     // A channel already closing fires no `close` that would let go of it.
     if (this._closed || /^clos/.test(channel.readyState)) return;
     const onOpen = () => {
-      this._driver.peerSeen(peerId);
+      this._driver.peer(peerId, true);
       const signed = this.view.signed;
       if (signed?.sig) this._sendRelay(channel, signed);
     };
@@ -416,7 +416,7 @@ export class Room {
     if (!p) return;
     p.listening.abort();
     this._peers.delete(peerId);
-    this._driver.peerLost(peerId);
+    this._driver.peer(peerId, false);
   }
 
   /** Reads this participant's durable inbox (see `fetchInbox`) with the room's join token. */

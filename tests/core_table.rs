@@ -852,6 +852,74 @@ fn participant_commands_made_offline_are_queued_and_sent_after_resync_host_comma
     assert_eq!(v.pending().count(), 0);
 }
 
+/// A vote whose outcome a dropped connection hid is sent again after the next welcome, which
+/// needs a participant token: when none follows the welcome, the view resyncs after a command
+/// timeout, as for a vote made after it (it waited for the server's unprompted token refresh,
+/// minutes away, or for ever).
+#[test]
+fn a_vote_unknown_across_a_reconnect_without_a_participant_token_resyncs() {
+    let (mut v, key) = voted();
+    v.handle_disconnected(at(21));
+    v.handle_connected(at(30), Token::new("jt"));
+    drain(&mut v);
+    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
+    v.handle_server(at(31), welcome("b", snap, vec![]));
+    let (t, _) = drain(&mut v);
+    assert!(t.is_empty(), "no participant token yet: {t:?}");
+    assert_eq!(v.pending().filter(|(_, _, q)| *q).count(), 1);
+    v.handle_timeout(at(31 + Config::default().command_timeout_ms));
+    let (t, _) = drain(&mut v);
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
+    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
+    v.handle_server(at(5_400), welcome("b", snap, vec![]));
+    v.handle_server(at(5_400), participant_cap());
+    let (t, _) = drain(&mut v);
+    assert!(
+        t.iter()
+            .any(|m| matches!(m, ClientMsg::Command { id, .. } if *id == key)),
+        "{t:?}"
+    );
+}
+
+/// After a resync, commands go in the order they were made: a vote whose resend fell due during
+/// the resync before one made meanwhile (it went after it: a changed vote could land before the
+/// one it changed, and the room kept the first). Across a reconnect too.
+#[test]
+fn commands_go_again_in_the_order_they_were_made() {
+    let (mut v, first) = voted();
+    v.handle_wake(at(30));
+    v.handle_timeout(at(10_000));
+    let second = v
+        .command(at(10_001), action("vote"), js(json!(2)), None)
+        .unwrap();
+    let (t, _) = drain(&mut v);
+    assert!(
+        !t.iter().any(|m| matches!(m, ClientMsg::Command { .. })),
+        "{t:?}"
+    );
+    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
+    let (t, _) = server(&mut v, 10_002, welcome("b", snap.clone(), vec![]));
+    let sent = |t: &[ClientMsg]| -> Vec<IdempotencyKey> {
+        t.iter()
+            .filter_map(|m| match m {
+                ClientMsg::Command { id, .. } => Some(id.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(sent(&t), [first.clone(), second.clone()]);
+    v.handle_disconnected(at(10_003));
+    let third = v
+        .command(at(10_004), action("vote"), js(json!(3)), None)
+        .unwrap();
+    v.handle_connected(at(10_005), Token::new("jt"));
+    drain(&mut v);
+    v.handle_server(at(10_006), welcome("b", snap, vec![]));
+    v.handle_server(at(10_006), participant_cap());
+    let (t, _) = drain(&mut v);
+    assert_eq!(sent(&t), [first, second, third]);
+}
+
 /// The browser SDK starts without an action table: what an app commands before the first
 /// snapshot waits, and is classified when the server's table comes.
 #[test]
@@ -1107,6 +1175,20 @@ fn a_host_command_sent_is_decided_by_its_result_not_by_the_next_epoch() {
         error: CommandError::NotAuthoritative,
     };
     assert!(ev.contains(&refused), "{ev:?}");
+    // One whose resend came due during a resync (outcome unknown, kept for the resync's
+    // welcome) fails at once too when the connection then drops.
+    let mut v = live("a", "a", 2);
+    let resyncing = host_command(&mut v, 20).unwrap();
+    v.handle_wake(at(30));
+    drain(&mut v);
+    v.handle_timeout(at(10_000));
+    let (_, ev) = drain(&mut v);
+    assert!(!ev.contains(&interrupted(&resyncing)), "{ev:?}");
+    assert_eq!(v.pending().count(), 1);
+    v.handle_disconnected(at(10_001));
+    let (_, ev) = drain(&mut v);
+    assert!(ev.contains(&interrupted(&resyncing)), "{ev:?}");
+    assert_eq!(v.pending().count(), 0);
     // One waiting to be sent again (rejected as retryable) dies with its epoch at once.
     let mut v = live("a", "a", 2);
     let key = host_command(&mut v, 20).unwrap();

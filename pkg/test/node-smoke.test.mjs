@@ -604,7 +604,9 @@ test("the join token is not on the room for a logger to print; bad arguments are
     }
     assert.ok(!inspect(room, { depth: 5, showHidden: true }).includes("secret-join-token"));
     assert.ok(!JSON.stringify(room, (k, v) => (typeof v === "bigint" ? String(v) : v)).includes("secret-join-token"));
-    for (const [peer, channel] of [["p", null], ["p", {}], [7, { addEventListener() {} }]]) {
+    // A peer id is a member's id: one the core cannot take would never count as reachable.
+    for (const [peer, channel] of [["p", null], ["p", {}], [7, { addEventListener() {} }],
+      ["Alice Smith", { addEventListener() {} }]]) {
       assert.throws(() => room.attachPeer(peer, channel), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
     }
   } finally {

@@ -557,20 +557,21 @@ impl HostView {
         }
         // Commands sent and not decided: unknown. A host command fails `Interrupted` now: after
         // any reconnect it would (a new welcome brings no host token before its resend is
-        // checked), and its promise waited on the outage meanwhile.
+        // checked), and its promise waited on the outage meanwhile; so does one already unknown
+        // (its resend came due during a resync). Host commands are never queued.
         let mut i = 0;
         while i < self.commands.len() {
             let c = &mut self.commands[i];
+            if c.kind == ActionKind::Host {
+                // (One whose every attempt was refused, waiting to go again: certainly not
+                // applied, and not authoritative now.)
+                self.refuse(i, CommandError::NotAuthoritative);
+                continue;
+            }
             if matches!(
                 c.state,
                 CmdState::InFlight { .. } | CmdState::Backoff { .. }
             ) {
-                if c.kind == ActionKind::Host {
-                    // (One whose every attempt was refused, waiting to go again: certainly not
-                    // applied, and not authoritative now.)
-                    self.refuse(i, CommandError::NotAuthoritative);
-                    continue;
-                }
                 c.state = CmdState::Unknown;
             }
             i += 1;
@@ -598,18 +599,23 @@ impl HostView {
 
     /// A peer became reachable over WebRTC.
     pub fn handle_peer_seen(&mut self, now: Instant, peer: ParticipantId) {
-        self.tick(now);
-        if let Err(i) = self.reachable.binary_search(&peer) {
-            self.reachable.insert(i, peer);
-        }
-        self.update_provisional();
+        self.handle_peer(now, peer, true);
     }
 
-    /// A peer is no longer reachable over WebRTC.
+    /// A peer stopped being reachable over WebRTC.
     pub fn handle_peer_lost(&mut self, now: Instant, peer: &ParticipantId) {
+        self.handle_peer(now, peer.clone(), false);
+    }
+
+    /// A peer became reachable over WebRTC (`reachable`), or stopped being so.
+    pub fn handle_peer(&mut self, now: Instant, peer: ParticipantId, reachable: bool) {
         self.tick(now);
-        if let Ok(i) = self.reachable.binary_search(peer) {
-            self.reachable.remove(i);
+        match (self.reachable.binary_search(&peer), reachable) {
+            (Err(i), true) => self.reachable.insert(i, peer),
+            (Ok(i), false) => {
+                self.reachable.remove(i);
+            }
+            _ => {}
         }
         self.update_provisional();
     }
@@ -1052,7 +1058,6 @@ impl HostView {
         if self.buffer.is_empty() {
             if !self.awaiting_welcome && self.phase != Phase::Live {
                 self.set_phase(Phase::Live);
-                self.flush_queued(now);
                 self.revalidate_unknown(now);
             }
         } else {
@@ -1511,15 +1516,10 @@ impl HostView {
             && self.commands.iter().any(|c| c.state == CmdState::Queued)
     }
 
-    /// Sends every queued participant command, oldest first.
+    /// Sends every queued command, oldest first: participant commands once a participant token
+    /// is at hand (live without one, a resync asks for it after a command timeout: the token
+    /// normally follows the welcome at once).
     fn flush_queued(&mut self, now: Instant) {
-        if !self.can_send_participant() {
-            if self.needs_participant_grant() && self.resync_retry_at.is_none() {
-                // The grant normally follows the welcome at once; if it does not come, resync.
-                self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
-            }
-            return;
-        }
         let mut i = 0;
         while i < self.commands.len() {
             let before = self.commands.len();
@@ -1530,31 +1530,24 @@ impl HostView {
                 i += 1;
             }
         }
+        if self.needs_participant_grant() {
+            self.resync_retry_at
+                .get_or_insert(now.add_ms(self.config.command_timeout_ms));
+        }
     }
 
-    /// After a resync: commands whose outcome the disconnect hid. Participant commands go again
-    /// with the same key (the server deduplicates); host commands only in the same epoch.
+    /// After a resync: commands whose outcome the disconnect or the resync hid go again with
+    /// the same key, in the order they were made, with those queued meanwhile (the server
+    /// deduplicates). A host command only in its epoch, while still host (`send` fails it
+    /// `Interrupted` otherwise: its outcome is unknown and resending could replay a stale
+    /// intention; the room's event stream says whether it took effect).
     fn revalidate_unknown(&mut self, now: Instant) {
-        let mut i = 0;
-        while i < self.commands.len() {
-            let before = self.commands.len();
-            if self.commands[i].state == CmdState::Unknown {
-                let c = &self.commands[i];
-                if c.kind == ActionKind::Host
-                    && (c.epoch != self.epoch() || self.host_gate(now).is_err())
-                {
-                    // Its outcome is unknown and resending could replay a stale intention: the
-                    // room's event stream says whether it took effect.
-                    self.fail_at(i, CommandError::Interrupted);
-                    continue;
-                }
-                self.commands[i].state = CmdState::Queued;
-                self.send(now, i);
-            }
-            if self.commands.len() == before {
-                i += 1;
+        for c in &mut self.commands {
+            if c.state == CmdState::Unknown {
+                c.state = CmdState::Queued;
             }
         }
+        self.flush_queued(now);
     }
 
     /// Fails the command at `i` (removed; its event queued).

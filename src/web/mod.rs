@@ -768,22 +768,12 @@ impl Driver {
         adopted
     }
 
-    #[wasm_bindgen(js_name = peerSeen)]
-    pub fn peer_seen(&self, peer: &str) {
+    /// A peer became reachable over WebRTC (`seen`), or stopped being so.
+    pub fn peer(&self, peer: &str, seen: bool) {
         if let Ok(p) = ParticipantId::new(peer) {
             step(&self.inner, |s, _| {
                 let now = s.now();
-                s.view.handle_peer_seen(now, p);
-            });
-        }
-    }
-
-    #[wasm_bindgen(js_name = peerLost)]
-    pub fn peer_lost(&self, peer: &str) {
-        if let Ok(p) = ParticipantId::new(peer) {
-            step(&self.inner, |s, _| {
-                let now = s.now();
-                s.view.handle_peer_lost(now, &p);
+                s.view.handle_peer(now, p, seen);
             });
         }
     }
