@@ -133,6 +133,10 @@ function toJson(value, fail) {
   return text;
 }
 
+/** 10 s: how long a `getToken()` call (then it counts as failed, and is retried) or an HTTP
+ * attempt may take, and the least time between two token fetches. */
+const WAIT_MS = 10_000;
+
 /**
  * GET with retries: exponential backoff with full jitter (250 ms doubling, capped at 8 s), never
  * sooner than a 429/503 `Retry-After` (honoured up to a minute). Each attempt is given 10 s.
@@ -142,7 +146,8 @@ async function fetchWithRetry(url, init = {}, attempts = 5) {
   for (let attempt = 1; ; attempt++) {
     let wait = Math.random() * Math.min(8_000, 125 * 2 ** attempt);
     try {
-      const res = await fetch(url, { ...init, signal: AbortSignal.timeout(10_000) });
+      // (Without AbortSignal.timeout, before Safari 16 and Chrome 103: no limit.)
+      const res = await fetch(url, { ...init, signal: AbortSignal.timeout?.(WAIT_MS) });
       if (res.status !== 429 && res.status !== 503) return res;
       if (attempt >= attempts) throw new Error(`HTTP ${res.status}`);
       const after = Number(res.headers.get("retry-after"));
@@ -220,8 +225,6 @@ export async function fetchInbox(options) {
 
 const RELAY_TAG = "hostlease.relay";
 const TOKEN_REFRESH_EARLY_MS = 30_000;
-/** How long `getToken()` may take before the attempt counts as failed (and is retried). */
-const TOKEN_WAIT_MS = 10_000;
 
 // A room event frame as the server writes it, and the Rust codec's checks of its fields' types
 // and ranges (src/protocol: counters are u64, here safe integers; identifiers 1-128 of
@@ -464,7 +467,7 @@ export class Room {
     const t = this.#token;
     // Within its refresh margin a token is fetched again, unless it was fetched in the last 10 s
     // (a short-lived one, or this clock ahead of the backend's: not once per dial).
-    if (t && (t.expiresAt === undefined || t.expiresAt - TOKEN_REFRESH_EARLY_MS > Date.now() || this._tokenAt > Date.now() - 10_000)) return t.token;
+    if (t && (t.expiresAt === undefined || t.expiresAt - TOKEN_REFRESH_EARLY_MS > Date.now() || this._tokenAt > Date.now() - WAIT_MS)) return t.token;
     // The app's backend failing: the token held now, if it has not expired, still goes (one
     // another refresh got meanwhile; not one refused meanwhile: that clears it).
     return (await this._refreshToken(fail)) ?? (!(this.#token?.expiresAt <= Date.now()) && this.#token?.token);
@@ -480,7 +483,7 @@ export class Room {
     if (!this._closed) this._refreshTimer = setTimeout(() => this._refreshToken(), TOKEN_REFRESH_EARLY_MS);
     try {
       // An app backend that never answers must not leave the room waiting for ever.
-      got = await Promise.race([this.#getToken(), new Promise((_, no) => (timer = setTimeout(no, TOKEN_WAIT_MS, Error("timed out"))))]);
+      got = await Promise.race([this.#getToken(), new Promise((_, no) => (timer = setTimeout(no, WAIT_MS, Error("timed out"))))]);
     } catch (e) {
       fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() failed", { cause: e }));
       return null;
@@ -502,7 +505,7 @@ export class Room {
       // Never sooner than 10 s: a token that looks spent on arrival (this clock ahead of the
       // backend's) is not asked for again every second.
       const wait = left > 2 * TOKEN_REFRESH_EARLY_MS ? left - TOKEN_REFRESH_EARLY_MS : left / 2;
-      this._refreshTimer = setTimeout(() => this._refreshToken(), Math.min(2e9, Math.max(10_000, wait)));
+      this._refreshTimer = setTimeout(() => this._refreshToken(), Math.min(2e9, Math.max(WAIT_MS, wait)));
     }
     return t.token;
   }
