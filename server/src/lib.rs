@@ -49,7 +49,8 @@ pub struct Config {
     pub max_sockets_per_address: usize,
     /// Command rate per participant in a room (its sessions share it): sustained per second, and
     /// burst. A command past it is refused `rate_limited` with a time to retry after; frames of
-    /// any kind past four times it on one connection close that connection (a flood).
+    /// any kind past four times it (a burst of at least 320) on one connection close that
+    /// connection (a flood).
     pub msg_rate: f64,
     pub msg_burst: f64,
     /// Payload bytes of participants' commands per room (per process), per second, and burst (at
@@ -151,9 +152,9 @@ impl Config {
 
     /// Refuses a configuration that would break every session, lease or delivery: an action
     /// table no client could take ([`Config::check_actions`]), a rate that is not a positive
-    /// number (or a burst under one command or request), a limit of 0, a lease outside [`LEASE_MS`],
-    /// a heartbeat past the SDK's, a webhook URL this build cannot send to or one without a
-    /// secret of 16 bytes, an admin key under 16 bytes. [`serve`] calls it, so a server embedded
+    /// number (or a burst under one command or request), a limit, timeout or log length of 0, a
+    /// lease outside [`LEASE_MS`], a heartbeat past the SDK's, a webhook URL this build cannot
+    /// send to or one without a secret of 16 bytes, an admin key under 16 bytes. [`serve`] calls it, so a server embedded
     /// with [`App::new`] is checked as the CLI's is (the CLI names its flags first).
     pub fn check(&self) -> Result<(), String> {
         self.check_actions()?;
@@ -172,11 +173,20 @@ impl Config {
                 ));
             }
         }
+        // (A write or a request head given 0 ms timed out as it began: every client that was
+        // not instant was dropped. A log kept to 0 items was deleted whole by every
+        // housekeeping run: every resume announced a discontinuity.)
         for (name, n) in [
-            ("max_rooms", self.max_rooms),
-            ("max_members", self.max_members),
-            ("max_connections", self.max_connections),
-            ("max_sockets_per_address", self.max_sockets_per_address),
+            ("max_rooms", self.max_rooms as u64),
+            ("max_members", self.max_members as u64),
+            ("max_connections", self.max_connections as u64),
+            (
+                "max_sockets_per_address",
+                self.max_sockets_per_address as u64,
+            ),
+            ("write_timeout_ms", self.write_timeout_ms),
+            ("header_timeout_ms", self.header_timeout_ms),
+            ("log_keep", self.log_keep.max(0) as u64),
         ] {
             if n == 0 {
                 return Err(format!("{name} must be at least 1"));
@@ -552,6 +562,22 @@ mod tests {
             },
             Config {
                 heartbeat_ms: 0,
+                ..Config::default()
+            },
+            Config {
+                write_timeout_ms: 0,
+                ..Config::default()
+            },
+            Config {
+                header_timeout_ms: 0,
+                ..Config::default()
+            },
+            Config {
+                log_keep: 0,
+                ..Config::default()
+            },
+            Config {
+                log_keep: -5,
                 ..Config::default()
             },
             Config {

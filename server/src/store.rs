@@ -1146,6 +1146,13 @@ impl SqliteStore {
     }
 }
 
+/// The rooms whose log housekeeping trims, 500 at a time in name order after `?1`: an open room
+/// with more than `?2` items ever, a closed one while any of its log is left (every run looked at
+/// each closed room with a long history again, and took the writer for an empty delete).
+pub const LOG_TRIM_ROOMS: &str = "SELECT room, seq, closed FROM rooms WHERE room > ?1 AND \
+     ((closed = 0 AND seq > ?2) OR (closed = 1 AND EXISTS (SELECT 1 FROM log \
+     WHERE log.room = rooms.room))) ORDER BY room LIMIT 500";
+
 /// Housekeeping's deletes: `[idempotency, inbox, inbox_items, participants, outbox_delivered,
 /// outbox, log]`. Each deletes at most `PRUNE_BATCH` rows and finds them through an index (a test
 /// reads their query plans): one statement over a whole table held the one writer, and with it
@@ -1662,15 +1669,11 @@ impl Store for SqliteStore {
         // the writer.
         let mut after = String::new();
         loop {
-            let rooms: Vec<(String, i64, bool)> = sqlx::query_as(
-                "SELECT room, seq, closed FROM rooms WHERE room > ? AND (seq > ? OR closed = 1 \
-                 AND EXISTS (SELECT 1 FROM log WHERE log.room = rooms.room)) \
-                 ORDER BY room LIMIT 500",
-            )
-            .bind(&after)
-            .bind(keep_log)
-            .fetch_all(&self.pool)
-            .await?;
+            let rooms: Vec<(String, i64, bool)> = sqlx::query_as(LOG_TRIM_ROOMS)
+                .bind(&after)
+                .bind(keep_log)
+                .fetch_all(&self.pool)
+                .await?;
             let Some((last, ..)) = rooms.last() else {
                 break;
             };

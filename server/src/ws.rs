@@ -201,6 +201,10 @@ fn decode_error_code(e: &DecodeError) -> ErrorCode {
 /// Frames of any kind beyond this many times the command rate (and burst) close the connection:
 /// a flood. Commands beyond the rate itself are refused one by one (`Bucket::admit`).
 const FLOOD_FACTOR: f64 = 4.0;
+/// The flood limit's burst is never under this: the SDK sends up to its `command_limit` (256)
+/// commands at once after a resync (a test checks it against the SDK's), and with a low `msg_rate` that was a flood, closed, sent
+/// again after the reconnect, and closed again.
+pub const FLOOD_MIN_BURST: f64 = 320.0;
 
 /// Resumes per second per connection, and burst. Each costs a log read, a welcome of up to
 /// 1 MiB of replay and a signed token; the SDK sends one at a time (after a gap, or a wake: a
@@ -405,7 +409,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         heard: Instant::now(),
         flood: Bucket::new(
             app.cfg.msg_rate * FLOOD_FACTOR,
-            app.cfg.msg_burst * FLOOD_FACTOR,
+            (app.cfg.msg_burst * FLOOD_FACTOR).max(FLOOD_MIN_BURST),
         ),
         resume_rate: Bucket::new(RESUME_RATE, RESUME_BURST),
     };
@@ -980,6 +984,16 @@ impl Conn {
         Flow::Continue
     }
 
+    /// The client closed the socket (a page unloading, a `close()` that sent no `leave`): the
+    /// commands it sent before are decided before the session ends as a leave, whose grant
+    /// would otherwise be committed first (the host's last command refused `stale_epoch`, a
+    /// transfer going to whoever was next) or they were dropped unsent to the store. Their
+    /// answers go nowhere.
+    async fn closed(commands: &mut Commands) -> Flow {
+        while commands.next().await.is_some() {}
+        Flow::End(true)
+    }
+
     async fn on_client(
         &mut self,
         m: Option<Result<Message, axum::Error>>,
@@ -987,7 +1001,7 @@ impl Conn {
         rx: &mut BroadcastStream<Bcast>,
     ) -> Flow {
         let m = match m {
-            Some(Ok(Message::Close(_))) => return Flow::End(true),
+            Some(Ok(Message::Close(_))) => return Self::closed(commands).await,
             Some(Ok(m)) => m,
             Some(Err(e)) if too_large(&e) => {
                 close_with(&mut self.sink, ErrorCode::FrameTooLarge, "frame too large").await;
@@ -1019,7 +1033,7 @@ impl Conn {
                 .await;
                 return Flow::End(false);
             }
-            Message::Close(_) => return Flow::End(true),
+            Message::Close(_) => return Self::closed(commands).await,
         };
         if text.len() > MAX_CLIENT_FRAME {
             close_with(&mut self.sink, ErrorCode::FrameTooLarge, "frame too large").await;
@@ -1412,6 +1426,14 @@ mod tests {
     use hostlease::protocol::{
         ActionTable, Assignment, KeyId, ServerTime, SignedAssignment, Snapshot,
     };
+
+    /// The flood burst takes all the SDK may send at once after a resync, with room to spare
+    /// for the echoes and the resume around it.
+    #[test]
+    fn the_flood_burst_takes_the_sdk_s_whole_command_queue() {
+        let queue = hostlease::core::Config::default().command_limit as f64;
+        assert!(FLOOD_MIN_BURST >= queue + 64.0);
+    }
 
     /// An error frame's message is cut to what a client accepts, at a character boundary.
     #[test]

@@ -801,6 +801,15 @@ async fn housekeeping_trims_every_room_log_and_old_idempotency_records() {
         .await
         .unwrap();
     assert_eq!(left, 0, "closed rooms' logs");
+    // Trimmed, the open rooms are listed again (their logs grow); a closed one is not.
+    let listed: Vec<(String, i64, bool)> = sqlx::query_as(hostlease_server::store::LOG_TRIM_ROOMS)
+        .bind("")
+        .bind(100i64)
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    let listed: Vec<&str> = listed.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(listed, ["a", "c"]);
     let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM idempotency")
         .fetch_all(store.pool())
         .await

@@ -332,7 +332,8 @@ async fn abusive_clients_get_a_typed_error_and_a_close_without_affecting_others(
     // and the paced reads leave the rest waiting in the socket).
     let mut c = srv.raw("bad", "flood", false).await;
     let _ = ptoken(&mut c).await;
-    for _ in 0..200 {
+    // (Past the flood burst's floor of 320 frames.)
+    for _ in 0..1000 {
         if !c
             .send_text(r#"{"v":1,"t":"lease_echo","nonce":1}"#.into())
             .await
@@ -595,6 +596,13 @@ async fn lease_echoes_do_not_count_against_the_flood_limit() {
     })
     .await;
     let mut a = srv.raw("echoes", "alice", true).await;
+    // The flood burst spent but for a few frames first (its floor would take minutes of echoes
+    // to drain).
+    use futures_util::SinkExt;
+    for _ in 0..hostlease_server::ws::FLOOD_MIN_BURST as usize - 4 {
+        let ping = tokio_tungstenite::tungstenite::Message::Ping(vec![1u8].into());
+        a.ws.send(ping).await.unwrap();
+    }
     let until = tokio::time::Instant::now() + Duration::from_secs(8);
     let mut echoed = 0;
     while let Some(left) = until
@@ -1165,12 +1173,15 @@ async fn a_welcome_telling_the_host_of_its_lease_brings_its_capability() {
 }
 
 /// The SDK's core retries refused commands after the server's retry time: a burst past the
-/// rate (votes queued while offline, sent at once) all land, once each, on one connection.
+/// rate (votes queued while offline, sent at once) all land, once each, on one connection. Also
+/// past four times the burst, which was a flood that closed the connection (the SDK sends up to
+/// its `command_limit` at once after a resync: each reconnect sent them again, and was closed
+/// again).
 #[tokio::test]
 async fn an_sdk_burst_past_the_rate_lands_without_a_reconnect() {
     let srv = start(hostlease_server::Config {
         msg_rate: 20.0,
-        msg_burst: 10.0,
+        msg_burst: 5.0,
         ..test_config()
     })
     .await;
@@ -1240,7 +1251,7 @@ async fn a_ping_flood_is_rate_limited() {
     let mut c = srv.raw("pings", "flood", false).await;
     let _ = ptoken(&mut c).await;
     use futures_util::SinkExt;
-    for _ in 0..200 {
+    for _ in 0..1000 {
         let ping = tokio_tungstenite::tungstenite::Message::Ping(vec![1u8, 2, 3].into());
         if c.ws.send(ping).await.is_err() {
             break;
@@ -1605,7 +1616,7 @@ async fn leaving_refreshes_a_members_last_sighting() {
 
 /// The SQLite store, slowed where a test needs it.
 struct Slowed {
-    store: hostlease_server::store::SqliteStore,
+    store: std::sync::Arc<hostlease_server::store::SqliteStore>,
     slow: Slow,
 }
 
@@ -1616,6 +1627,9 @@ struct Slow {
     start: Duration,
     /// No command is answered until this reads `true` (a stalled writer).
     held: Option<tokio::sync::watch::Receiver<bool>>,
+    /// No command reaches the store until this reads `true` (queued behind a writer busy with
+    /// a group of others).
+    queued: Option<tokio::sync::watch::Receiver<bool>>,
     /// A recorded kick is answered this late (it is committed, and visible, at once).
     kick: Duration,
     /// The publisher reads nothing from the outbox until this reads `true` (it lags).
@@ -1654,6 +1668,13 @@ impl hostlease_server::store::Store for Slowed {
         self.store.set_ttl(r, t).await
     }
     fn command(&self, q: CommandReq, s: &Keypair) -> Pending<CommandDone> {
+        if let Some(mut queued) = self.slow.queued.clone() {
+            let (store, s) = (self.store.clone(), s.clone());
+            return Box::pin(async move {
+                let _ = queued.wait_for(|open| *open).await;
+                store.command(q, &s).await
+            });
+        }
         let done = self.store.command(q, s);
         let Some(mut held) = self.slow.held.clone() else {
             return done;
@@ -1739,7 +1760,7 @@ async fn serve_slowed(
 ) {
     let db = format!("sqlite://{}", dir.path().join("h.db").display());
     let store = Slowed {
-        store: SqliteStore::open(&db).await.unwrap(),
+        store: std::sync::Arc::new(SqliteStore::open(&db).await.unwrap()),
         slow,
     };
     let app_key = Keypair::generate("app-1");
@@ -2043,4 +2064,53 @@ async fn one_participant_cannot_fill_the_room() {
     let mut dan = srv.raw("cap", "dan", false).await;
     dan.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
         .await;
+}
+
+/// A host's commands sent just before its socket closes (a page unloading: a close frame, no
+/// `leave`) are decided before the leave's grant: the grant was committed first (the commands
+/// were queued behind a busy writer, or not yet sent to the store at all) and the host's last
+/// command refused `stale_epoch`.
+#[tokio::test]
+async fn commands_sent_before_a_close_are_decided_before_the_host_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (open, queued) = tokio::sync::watch::channel(false);
+    let (_app, addr, app_key) = serve_slowed(
+        &dir,
+        test_config(),
+        Slow {
+            queued: Some(queued),
+            ..Slow::default()
+        },
+    )
+    .await;
+    let mut alice = Raw::join(addr, "cl", &join_token(&app_key, "cl", "alice", true), None).await;
+    alice.until_host().await;
+    let (epoch, host_cap) = alice.host_capability().unwrap();
+    let mut bob = Raw::join(addr, "cl", &join_token(&app_key, "cl", "bob", true), None).await;
+    bob.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    alice
+        .send(&ClientMsg::Command {
+            id: IdempotencyKey::new("last").unwrap(),
+            action: Action::new("poll.open").unwrap(),
+            payload: serde_json::json!({}).into(),
+            epoch,
+            capability: host_cap,
+        })
+        .await;
+    alice.ws.close(None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    open.send_replace(true);
+    let first = bob
+        .until(|m| match m {
+            ServerMsg::Event(e) => Some(format!("event {}", e.action.as_str())),
+            ServerMsg::Assignment(a)
+                if a.assignment.reason == hostlease::protocol::Reason::Left =>
+            {
+                Some("left".into())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(first, "event poll.open");
 }
