@@ -57,6 +57,20 @@ pub const KICK_RETENTION_MS: i64 = crate::MAX_CAPABILITY_MS as i64 + 3_600_000;
 /// `hostlease_webhook_given_up_total` with a WARN line.
 pub const WEBHOOK_RETENTION_MS: i64 = 24 * 3600 * 1000;
 
+/// An outbox row claimed for webhook delivery ([`Store::webhook_due`]).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub id: i64,
+    /// `kind:dedup_key`: the delivery's `Idempotency-Key`.
+    pub key: String,
+    /// The item's JSON: the body.
+    pub body: String,
+    /// Attempts recorded before this one.
+    pub attempts: i64,
+    /// The claim's end (store clock, ms): the row's `webhook_next_at` while it is this claim's.
+    pub claim: i64,
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// A decision already queued with the store, resolving to its answer.
@@ -307,14 +321,14 @@ pub trait Store: Send + Sync + 'static {
         online: &Online,
     ) -> StoreResult<usize>;
     /// Claims up to `limit` outbox rows due for webhook delivery (for `claim_ms`, so that another
-    /// process does not send them meanwhile): `(id, dedup_key, item JSON, attempts)`.
-    async fn webhook_due(
-        &self,
-        limit: i64,
-        claim_ms: u64,
-    ) -> StoreResult<Vec<(i64, String, String, i64)>>;
-    /// Records a delivery attempt: done, or retry after `retry_ms`.
-    async fn webhook_result(&self, id: i64, delivered: bool, retry_ms: u64) -> StoreResult<()>;
+    /// process does not send them meanwhile), oldest first.
+    async fn webhook_due(&self, limit: i64, claim_ms: u64) -> StoreResult<Vec<Delivery>>;
+    /// Records a delivery attempt of `d`: done, or retry after `retry_ms`. A failure is recorded
+    /// only while `d`'s claim is the row's: recorded after the claim ran out (the writer was
+    /// slow), it cut short the claim of the process sending the row now, and a third process
+    /// sent it too.
+    async fn webhook_result(&self, d: &Delivery, delivered: bool, retry_ms: u64)
+        -> StoreResult<()>;
     async fn remember_participant(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<()>;
     /// A page of `p`'s inbox after the cursor `since`, oldest first: at most `limit` entries and
     /// `max_bytes` of their stored JSON (one entry at least), and the cursor to read on from
@@ -1460,41 +1474,56 @@ impl Store for SqliteStore {
         Ok(n)
     }
 
-    async fn webhook_due(
-        &self,
-        limit: i64,
-        claim_ms: u64,
-    ) -> StoreResult<Vec<(i64, String, String, i64)>> {
+    async fn webhook_due(&self, limit: i64, claim_ms: u64) -> StoreResult<Vec<Delivery>> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let q = format!(
             "UPDATE outbox SET webhook_next_at = {NOW} + ? WHERE id IN ({}) \
-             RETURNING id, kind || ':' || dedup_key, item, webhook_attempts",
+             RETURNING id, kind || ':' || dedup_key, item, webhook_attempts, webhook_next_at",
             webhook_due_rows()
         );
-        let mut rows: Vec<(i64, String, String, i64)> = sqlx::query_as(&q)
+        let rows: Vec<(i64, String, String, i64, i64)> = sqlx::query_as(&q)
             .bind(claim_ms as i64)
             .bind(WEBHOOK_RETENTION_MS)
             .bind(limit)
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        rows.sort_by_key(|r| r.0);
+        let mut rows: Vec<Delivery> = rows
+            .into_iter()
+            .map(|(id, key, body, attempts, claim)| Delivery {
+                id,
+                key,
+                body,
+                attempts,
+                claim,
+            })
+            .collect();
+        rows.sort_by_key(|r| r.id);
         Ok(rows)
     }
 
-    async fn webhook_result(&self, id: i64, delivered: bool, retry_ms: u64) -> StoreResult<()> {
+    async fn webhook_result(
+        &self,
+        d: &Delivery,
+        delivered: bool,
+        retry_ms: u64,
+    ) -> StoreResult<()> {
+        // Delivered is delivered, whoever holds the row now; a failure moves the next attempt
+        // only while the row is still this claim's.
         if delivered {
             let q = format!(
                 "UPDATE outbox SET webhook_done_at = {NOW}, webhook_attempts = webhook_attempts + 1 WHERE id = ?"
             );
-            sqlx::query(&q).bind(id).execute(&self.writer).await?;
+            sqlx::query(&q).bind(d.id).execute(&self.writer).await?;
         } else {
             let q = format!(
-                "UPDATE outbox SET webhook_next_at = {NOW} + ?, webhook_attempts = webhook_attempts + 1 WHERE id = ?"
+                "UPDATE outbox SET webhook_next_at = {NOW} + ?, webhook_attempts = \
+                 webhook_attempts + 1 WHERE id = ? AND webhook_next_at = ?"
             );
             sqlx::query(&q)
                 .bind(retry_ms as i64)
-                .bind(id)
+                .bind(d.id)
+                .bind(d.claim)
                 .execute(&self.writer)
                 .await?;
         }

@@ -79,24 +79,24 @@ pub async fn worker(app: Arc<App>) {
             }
         };
         let mut delivered_all = due.len() as i64 == BATCH;
-        for (id, key, body, attempts) in due {
+        for d in due {
             if claimed.elapsed() + SEND_TIMEOUT > CLAIM {
                 // The claim could run out during this send, and another process send the row
                 // too: the rest of the batch waits for the claim to end and is claimed again.
                 delivered_all = false;
                 break;
             }
-            if attempts > 0 {
+            if d.attempts > 0 {
                 // The same outbox key again (the receiver dedups by it).
                 metrics::counter!("hostlease_webhook_redeliveries_total").increment(1);
             }
-            let sig = signature(secret.as_bytes(), body.as_bytes());
+            let sig = signature(secret.as_bytes(), d.body.as_bytes());
             let res = client
                 .post(&url)
                 .header("content-type", "application/json")
-                .header("idempotency-key", &key)
+                .header("idempotency-key", &d.key)
                 .header("x-hostlease-signature", sig)
-                .body(body)
+                .body(d.body.clone())
                 .send()
                 .await;
             let delivered = matches!(&res, Ok(r) if r.status().is_success());
@@ -108,14 +108,14 @@ pub async fn worker(app: Arc<App>) {
                 metrics::counter!("hostlease_webhook_deliveries_total", "result" => "retry")
                     .increment(1);
                 tracing::warn!(
-                    outbox_id = id,
-                    attempts = attempts + 1,
+                    outbox_id = d.id,
+                    attempts = d.attempts + 1,
                     "webhook delivery failed; will retry"
                 );
             }
             if let Err(e) = app
                 .store
-                .webhook_result(id, delivered, backoff_ms(attempts))
+                .webhook_result(&d, delivered, backoff_ms(d.attempts))
                 .await
             {
                 // (The row is sent again once its claim ends: no next batch at once.)

@@ -900,7 +900,9 @@ async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
     .unwrap();
     let due = store.webhook_due(64, 30_000).await.unwrap();
     assert_eq!(
-        due.iter().map(|r| (r.1.as_str(), r.3)).collect::<Vec<_>>(),
+        due.iter()
+            .map(|r| (r.key.as_str(), r.attempts))
+            .collect::<Vec<_>>(),
         vec![("assignment:wh:1", 40)],
         "retried after 40 failures within the day; not past it"
     );
@@ -986,4 +988,32 @@ async fn kicks_are_kept_as_long_as_the_capabilities_they_revoke() {
         .await
         .unwrap();
     assert_eq!(left, ["recent", "day"]);
+}
+
+/// A delivery failure recorded after its claim ran out (the writer was slow) does not cut short
+/// the claim of the process sending the row since: it set the next attempt 500 ms away, and a
+/// third process sent the row while the second still was.
+#[tokio::test]
+async fn a_late_webhook_failure_does_not_cut_another_process_s_claim_short() {
+    let (dir, a) = temp_store().await;
+    let url = format!("sqlite://{}", dir.path().join("g.db").display());
+    let b = SqliteStore::open(&url).await.unwrap();
+    let keys = Keypair::generate("k1");
+    let holder = (
+        ParticipantId::new("h").unwrap(),
+        SessionId::new("h-s").unwrap(),
+    );
+    grant_won(&a, &keys, &RoomId::new("wl").unwrap(), 0, holder).await;
+    notify_all(&a).await;
+    let mine = a.webhook_due(64, 50).await.unwrap();
+    assert_eq!(mine.len(), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    let theirs = b.webhook_due(64, 30_000).await.unwrap();
+    assert_eq!(theirs.len(), 1, "the claim ran out: another process takes the row");
+    a.webhook_result(&mine[0], false, 200).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(a.webhook_due(64, 50).await.unwrap().is_empty());
+    // Its own failure, within its claim, is recorded.
+    b.webhook_result(&theirs[0], false, 0).await.unwrap();
+    assert_eq!(a.webhook_due(64, 50).await.unwrap().len(), 1);
 }

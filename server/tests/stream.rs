@@ -14,8 +14,8 @@ use hostlease::protocol::{
     ParticipantId, RejectCode, Role, RoomId, Seq, ServerMsg, SessionId, Snapshot, Token,
 };
 use hostlease_server::store::{
-    CommandDone, CommandReq, GrantOutcome, GrantReq, Pending, Renewed, RoomRow, SqliteStore,
-    StoreResult, Swept,
+    CommandDone, CommandReq, Delivery, GrantOutcome, GrantReq, Pending, Renewed, RoomRow,
+    SqliteStore, StoreResult, Swept,
 };
 use hostlease_server::tokens::{JoinClaims, Keypair, JOIN_PREFIX};
 
@@ -1710,10 +1710,10 @@ impl hostlease_server::store::Store for Slowed {
     ) -> StoreResult<usize> {
         self.store.notify(r, o).await
     }
-    async fn webhook_due(&self, l: i64, c: u64) -> StoreResult<Vec<(i64, String, String, i64)>> {
+    async fn webhook_due(&self, l: i64, c: u64) -> StoreResult<Vec<Delivery>> {
         self.store.webhook_due(l, c).await
     }
-    async fn webhook_result(&self, i: i64, d: bool, r: u64) -> StoreResult<()> {
+    async fn webhook_result(&self, i: &Delivery, d: bool, r: u64) -> StoreResult<()> {
         self.store.webhook_result(i, d, r).await
     }
     async fn remember_participant(&self, r: &RoomId, p: &ParticipantId) -> StoreResult<()> {
