@@ -145,6 +145,8 @@ export interface EventMap {
   /** `reason`: the server's rejection code when `code` is `Rejected` (`bad_request`, ...). */
   command: { id: string; state: "queued" | "accepted" | "failed"; seq?: number; code?: string; reason?: string | undefined };
   signal: { from: string; fromSession: string; data: unknown };
+  /** `stale`: verified, but not adopted: older than (or the same as) what the view has, or come
+   * before this client's first snapshot, or with a field the protocol's codec refuses. */
   relay: { peer: string; epoch?: number | undefined; accepted: boolean; reason: "adopted" | "stale" | "forged" | "unsigned" | "unsupported" };
   error: HostleaseError;
 }
@@ -232,7 +234,7 @@ export declare class Room {
    * closing, which is then not attached. Does nothing
    * else after `close()`; a channel that closes is detached (call `detachPeer` when closing the
    * `RTCPeerConnection` yourself: Safari then fires no `close` on its channels). Throws a `UsageError` (`BadArgument`) for a peer id that is not a valid
-   * participant id (1-128 of `A-Z a-z 0-9 - _ . : @`) or a `channel` that is not an event target. The SDK sends and reads its own
+   * participant id (1-128 of `A-Z a-z 0-9 - _ . : @`, not `.` or `..`) or a `channel` that is not an event target. The SDK sends and reads its own
    * `{"t":"hostlease.relay"}` messages on `channel`: best a channel of its own. */
   attachPeer(peerId: string, channel: RTCDataChannel): void;
   detachPeer(peerId: string): void;

@@ -139,7 +139,8 @@ const WAIT_MS = 10_000;
 
 /**
  * GET with retries: exponential backoff with full jitter (250 ms doubling, capped at 8 s), never
- * sooner than a 429/503 `Retry-After` (honoured up to a minute). Each attempt is given 10 s.
+ * sooner than a 429/503 `Retry-After` (honoured up to a minute). Each attempt is given 10 s
+ * (where the browser has `AbortSignal.timeout`: Safari 16, Chrome 103, Firefox 100 and later).
  * Gives up after `attempts`.
  */
 async function fetchWithRetry(url, init = {}, attempts = 5) {

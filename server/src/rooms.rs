@@ -777,11 +777,12 @@ impl App {
             Self::remove_kicked(hub, p)
         };
         // A host whose connection is gone while its lease runs is a member of no process: it
-        // is replaced all the same when a member here can take over (the room waited out its
-        // lease, up to a day with an admin TTL, with no one able to act). With none, it is left
-        // to the process that may hold it (which applies the kick on its next sweep) or to the
-        // lease's lapse; its capabilities are revoked by the kick meanwhile. `replace_host`
-        // decides against the stored session. (Unreadable: left to the sweep as well.)
+        // is replaced all the same when a member here can take over (the room named it host
+        // until the lease lapsed, up to a day with an admin TTL). The successor is fenced until
+        // then, as for every forced grant: the old host's client may not know yet. With no
+        // member here, it is left to the process that may hold it (which applies the kick on
+        // its next sweep) or to the lease's lapse; the kick revokes its capabilities meanwhile.
+        // `replace_host` decides against the stored session. (Unreadable: left to the sweep.)
         let mut replaced = sessions.clone();
         if let Ok(Some(row)) = self.store.room(&hub.id).await {
             if let (Some(s), true) = (row.session, row.host.as_ref() == Some(p)) {

@@ -988,9 +988,11 @@ impl Conn {
     /// commands it sent before are decided before the session ends as a leave, whose grant
     /// would otherwise be committed first (the host's last command refused `stale_epoch`, a
     /// transfer going to whoever was next) or they were dropped unsent to the store. Their
-    /// answers go nowhere.
-    async fn closed(commands: &mut Commands) -> Flow {
-        while commands.next().await.is_some() {}
+    /// answers go nowhere. A stalled store is waited for no longer than a write may take.
+    async fn closed(&self, commands: &mut Commands) -> Flow {
+        let within = Duration::from_millis(self.app.cfg.write_timeout_ms);
+        let _ =
+            tokio::time::timeout(within, async { while commands.next().await.is_some() {} }).await;
         Flow::End(true)
     }
 
@@ -1001,7 +1003,7 @@ impl Conn {
         rx: &mut BroadcastStream<Bcast>,
     ) -> Flow {
         let m = match m {
-            Some(Ok(Message::Close(_))) => return Self::closed(commands).await,
+            Some(Ok(Message::Close(_))) => return self.closed(commands).await,
             Some(Ok(m)) => m,
             Some(Err(e)) if too_large(&e) => {
                 close_with(&mut self.sink, ErrorCode::FrameTooLarge, "frame too large").await;
@@ -1033,7 +1035,7 @@ impl Conn {
                 .await;
                 return Flow::End(false);
             }
-            Message::Close(_) => return Self::closed(commands).await,
+            Message::Close(_) => return self.closed(commands).await,
         };
         if text.len() > MAX_CLIENT_FRAME {
             close_with(&mut self.sink, ErrorCode::FrameTooLarge, "frame too large").await;
@@ -1078,12 +1080,17 @@ impl Conn {
             }
             ClientMsg::LeaseEcho { nonce } => self.on_echo(nonce).await,
             ClientMsg::Leave => {
-                // Commands sent before the leave are answered first, each after its event.
-                while let Some(answer) = commands.next().await {
-                    if let Flow::End(_) = self.answer(answer, rx).await {
-                        break;
+                // Commands sent before the leave are answered first, each after its event (a
+                // stalled store waited for no longer than a write may take).
+                let within = Duration::from_millis(self.app.cfg.write_timeout_ms);
+                let _ = tokio::time::timeout(within, async {
+                    while let Some(answer) = commands.next().await {
+                        if let Flow::End(_) = self.answer(answer, rx).await {
+                            break;
+                        }
                     }
-                }
+                })
+                .await;
                 let _ = self.sink.send(Message::Close(None)).await;
                 Flow::End(true)
             }

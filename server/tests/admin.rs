@@ -1476,8 +1476,8 @@ async fn a_forced_grant_within_a_fence_keeps_it() {
 
 /// A kicked host whose connection is gone (dropped, its lease still running) is replaced at
 /// once: it is a member of no process, and the kick replaced only the sessions it closed, so the
-/// room waited out the lease (here a minute; with an admin TTL up to a day) with no host able to
-/// act.
+/// room named the kicked host until the lease lapsed (here a minute; with an admin TTL up to a
+/// day). (Its successor is fenced until then, as the fence tests check for every forced grant.)
 #[tokio::test]
 async fn kicking_a_host_whose_connection_dropped_replaces_it() {
     let srv = start(hostlease_server::Config {

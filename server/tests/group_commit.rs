@@ -1009,7 +1009,11 @@ async fn a_late_webhook_failure_does_not_cut_another_process_s_claim_short() {
     assert_eq!(mine.len(), 1);
     tokio::time::sleep(std::time::Duration::from_millis(60)).await;
     let theirs = b.webhook_due(64, 30_000).await.unwrap();
-    assert_eq!(theirs.len(), 1, "the claim ran out: another process takes the row");
+    assert_eq!(
+        theirs.len(),
+        1,
+        "the claim ran out: another process takes the row"
+    );
     a.webhook_result(&mine[0], false, 200).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(a.webhook_due(64, 50).await.unwrap().is_empty());

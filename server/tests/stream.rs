@@ -2114,3 +2114,62 @@ async fn commands_sent_before_a_close_are_decided_before_the_host_is_replaced() 
         .await;
     assert_eq!(first, "event poll.open");
 }
+
+/// A socket closed (or a leave sent) while its commands wait on a stalled store still ends as a
+/// leave, its host replaced, once a write's time has passed: the commands are waited for no
+/// longer.
+#[tokio::test]
+async fn a_close_waits_for_a_stalled_store_no_longer_than_a_write() {
+    for leave in [false, true] {
+        a_stalled_store_holds_a_close_no_longer_than_a_write(leave).await;
+    }
+}
+
+async fn a_stalled_store_holds_a_close_no_longer_than_a_write(leave: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_open, queued) = tokio::sync::watch::channel(false);
+    let cfg = hostlease_server::Config {
+        write_timeout_ms: 300,
+        ..test_config()
+    };
+    let (_app, addr, app_key) = serve_slowed(
+        &dir,
+        cfg,
+        Slow {
+            queued: Some(queued),
+            ..Slow::default()
+        },
+    )
+    .await;
+    let mut alice = Raw::join(addr, "cs", &join_token(&app_key, "cs", "alice", true), None).await;
+    alice.until_host().await;
+    let (epoch, host_cap) = alice.host_capability().unwrap();
+    let mut bob = Raw::join(addr, "cs", &join_token(&app_key, "cs", "bob", true), None).await;
+    bob.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+        .await;
+    alice
+        .send(&ClientMsg::Command {
+            id: IdempotencyKey::new("stuck").unwrap(),
+            action: Action::new("poll.open").unwrap(),
+            payload: serde_json::json!({}).into(),
+            epoch,
+            capability: host_cap,
+        })
+        .await;
+    if leave {
+        alice.send(&ClientMsg::Leave).await;
+    } else {
+        alice.ws.close(None).await.unwrap();
+    }
+    let host = bob
+        .until(|m| match m {
+            ServerMsg::Assignment(a)
+                if a.assignment.reason == hostlease::protocol::Reason::Left =>
+            {
+                Some(a.assignment.host.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(host.as_ref().map(|h| h.as_str()), Some("bob"));
+}
