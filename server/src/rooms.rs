@@ -488,6 +488,25 @@ pub struct App {
     /// answer counts the sessions it closed (the sweeper, on a 20 ms tick, had closed them first
     /// and the answer said 0), and skips it (it would close a session joined since).
     kicking: tokio::sync::Mutex<HashSet<i64>>,
+    /// How often the outbox workers paused (tests read them).
+    pub pauses: Pauses,
+}
+
+/// How many times each outbox worker paused for want of a full batch: a backlog is worked off
+/// batch after batch, without a pause in between.
+#[derive(Default)]
+pub struct Pauses {
+    pub notifier: std::sync::atomic::AtomicU64,
+    pub webhook: std::sync::atomic::AtomicU64,
+}
+
+/// Pauses for `poll` unless the last batch was `full` (then the next goes at once), counting the
+/// pause in `count`.
+pub(crate) async fn pace(full: bool, poll: Duration, count: &std::sync::atomic::AtomicU64) {
+    if !full {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(poll).await;
+    }
 }
 
 impl App {
@@ -523,6 +542,7 @@ impl App {
             command_limiter,
             room_bytes,
             kicking: tokio::sync::Mutex::new(HashSet::new()),
+            pauses: Pauses::default(),
         })
     }
 
@@ -995,9 +1015,8 @@ const NOTIFY_BATCH: i64 = 256;
 async fn notifier(app: Arc<App>) {
     let mut full = false;
     loop {
-        if !full {
-            tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2)).await;
-        }
+        let poll = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2);
+        pace(full, poll, &app.pauses.notifier).await;
         full = false;
         let rows = match app.store.unnotified(NOTIFY_BATCH).await {
             Ok(rows) if rows.is_empty() => continue,

@@ -66,9 +66,7 @@ pub async fn worker(app: Arc<App>) {
     // receiver in trouble is not sent the backlog at full speed), waits.
     let mut full = false;
     loop {
-        if !full {
-            tokio::time::sleep(poll).await;
-        }
+        crate::rooms::pace(full, poll, &app.pauses.webhook).await;
         full = false;
         let claimed = tokio::time::Instant::now();
         let due = match app.store.webhook_due(BATCH, CLAIM.as_millis() as u64).await {

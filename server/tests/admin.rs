@@ -1493,7 +1493,10 @@ async fn kicking_a_host_whose_connection_dropped_replaces_it() {
     let room = RoomId::new("kd").unwrap();
     let gone = || {
         let hubs = srv.app.rooms.lock().unwrap();
-        !hubs[&room].members().iter().any(|m| m.id.as_str() == "alice")
+        !hubs[&room]
+            .members()
+            .iter()
+            .any(|m| m.id.as_str() == "alice")
     };
     for _ in 0..300 {
         if gone() {
