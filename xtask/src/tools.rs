@@ -6,13 +6,16 @@ use std::process::Command;
 use crate::{cargo, output, run};
 
 /// npm packages for building and testing the package (never a browser download: Chromium is
-/// Debian's). binaryen's wasm-opt, not Debian's, whose `-Oz` output breaks in Chromium.
+/// Debian's). binaryen's wasm-opt, not Debian's, whose `-Oz` output breaks in Chromium. Exact
+/// versions: wasm-opt's and esbuild's output is what the size budget measures (it has no
+/// headroom: a patch release that wrote a few bytes more would fail a clean run), and tsc's
+/// messages are matched by the type test.
 const NODE_TOOLS: &[&str] = &[
-    "binaryen@132",
-    "esbuild@0.28",
-    "playwright-core@1.65",
-    "typescript@5",
-    "vite@8",
+    "binaryen@132.0.0",
+    "esbuild@0.28.2",
+    "playwright-core@1.65.2",
+    "typescript@5.9.3",
+    "vite@8.4.1",
 ];
 const NODE_BINS: &[&str] = &["wasm-opt", "esbuild", "tsc", "vite"];
 
