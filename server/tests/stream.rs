@@ -2072,31 +2072,7 @@ async fn one_participant_cannot_fill_the_room() {
 #[tokio::test]
 async fn commands_sent_before_a_close_are_decided_before_the_host_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
-    let (open, queued) = tokio::sync::watch::channel(false);
-    let (_app, addr, app_key) = serve_slowed(
-        &dir,
-        test_config(),
-        Slow {
-            queued: Some(queued),
-            ..Slow::default()
-        },
-    )
-    .await;
-    let mut alice = Raw::join(addr, "cl", &join_token(&app_key, "cl", "alice", true), None).await;
-    alice.until_host().await;
-    let (epoch, host_cap) = alice.host_capability().unwrap();
-    let mut bob = Raw::join(addr, "cl", &join_token(&app_key, "cl", "bob", true), None).await;
-    bob.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
-        .await;
-    alice
-        .send(&ClientMsg::Command {
-            id: IdempotencyKey::new("last").unwrap(),
-            action: Action::new("poll.open").unwrap(),
-            payload: serde_json::json!({}).into(),
-            epoch,
-            capability: host_cap,
-        })
-        .await;
+    let (open, mut alice, mut bob) = host_command_held(&dir, test_config()).await;
     alice.ws.close(None).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     open.send_replace(true);
@@ -2120,19 +2096,41 @@ async fn commands_sent_before_a_close_are_decided_before_the_host_is_replaced() 
 #[tokio::test]
 async fn a_close_waits_for_a_stalled_store_no_longer_than_a_write() {
     for leave in [false, true] {
-        a_stalled_store_holds_a_close_no_longer_than_a_write(leave).await;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = hostlease_server::Config {
+            write_timeout_ms: 300,
+            ..test_config()
+        };
+        // (The store is never let go.)
+        let (_held, mut alice, mut bob) = host_command_held(&dir, cfg).await;
+        if leave {
+            alice.send(&ClientMsg::Leave).await;
+        } else {
+            alice.ws.close(None).await.unwrap();
+        }
+        let host = bob
+            .until(|m| match m {
+                ServerMsg::Assignment(a)
+                    if a.assignment.reason == hostlease::protocol::Reason::Left =>
+                {
+                    Some(a.assignment.host.clone())
+                }
+                _ => None,
+            })
+            .await;
+        assert_eq!(host.as_ref().map(|h| h.as_str()), Some("bob"), "{leave}");
     }
 }
 
-async fn a_stalled_store_holds_a_close_no_longer_than_a_write(leave: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let (_open, queued) = tokio::sync::watch::channel(false);
-    let cfg = hostlease_server::Config {
-        write_timeout_ms: 300,
-        ..test_config()
-    };
+/// A server on a store whose commands wait until the returned sender says `true`; alice its host
+/// with a host command (`poll.open`) sent and held there, bob a member.
+async fn host_command_held(
+    dir: &tempfile::TempDir,
+    cfg: hostlease_server::Config,
+) -> (tokio::sync::watch::Sender<bool>, Raw, Raw) {
+    let (open, queued) = tokio::sync::watch::channel(false);
     let (_app, addr, app_key) = serve_slowed(
-        &dir,
+        dir,
         cfg,
         Slow {
             queued: Some(queued),
@@ -2140,35 +2138,20 @@ async fn a_stalled_store_holds_a_close_no_longer_than_a_write(leave: bool) {
         },
     )
     .await;
-    let mut alice = Raw::join(addr, "cs", &join_token(&app_key, "cs", "alice", true), None).await;
+    let mut alice = Raw::join(addr, "ch", &join_token(&app_key, "ch", "alice", true), None).await;
     alice.until_host().await;
     let (epoch, host_cap) = alice.host_capability().unwrap();
-    let mut bob = Raw::join(addr, "cs", &join_token(&app_key, "cs", "bob", true), None).await;
+    let mut bob = Raw::join(addr, "ch", &join_token(&app_key, "ch", "bob", true), None).await;
     bob.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
         .await;
     alice
         .send(&ClientMsg::Command {
-            id: IdempotencyKey::new("stuck").unwrap(),
+            id: IdempotencyKey::new("held").unwrap(),
             action: Action::new("poll.open").unwrap(),
             payload: serde_json::json!({}).into(),
             epoch,
             capability: host_cap,
         })
         .await;
-    if leave {
-        alice.send(&ClientMsg::Leave).await;
-    } else {
-        alice.ws.close(None).await.unwrap();
-    }
-    let host = bob
-        .until(|m| match m {
-            ServerMsg::Assignment(a)
-                if a.assignment.reason == hostlease::protocol::Reason::Left =>
-            {
-                Some(a.assignment.host.clone())
-            }
-            _ => None,
-        })
-        .await;
-    assert_eq!(host.as_ref().map(|h| h.as_str()), Some("bob"));
+    (open, alice, bob)
 }
