@@ -805,11 +805,11 @@ impl App {
         // `replace_host` decides against the stored session. (Unreadable: left to the sweep.)
         let mut replaced = sessions.clone();
         if let Ok(Some(row)) = self.store.room(&hub.id).await {
-            if let (Some(s), true) = (row.session, row.host.as_ref() == Some(p)) {
-                if !sessions.contains(&s) && hub.next_holder(Some(&s)).is_some() {
-                    replaced.push(s);
-                }
-            }
+            replaced.extend(row.session.filter(|s| {
+                row.host.as_ref() == Some(p)
+                    && !sessions.contains(s)
+                    && hub.next_holder(Some(s)).is_some()
+            }));
         }
         self.replace_kicked(hub, &replaced).await;
         Ok(sessions.len())
@@ -1013,9 +1013,9 @@ const NOTIFY_BATCH: i64 = 256;
 /// each row.) A full batch is followed by the next at once: with a pause before every batch, a
 /// process committing more than a batch per pause (1,280 rows/s) fell behind for good.
 async fn notifier(app: Arc<App>) {
+    let poll = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2);
     let mut full = false;
     loop {
-        let poll = Duration::from_millis(app.cfg.sweep_ms.clamp(5, 1000) * 2);
         pace(full, poll, &app.pauses.notifier).await;
         full = false;
         let rows = match app.store.unnotified(NOTIFY_BATCH).await {

@@ -984,16 +984,27 @@ impl Conn {
         Flow::Continue
     }
 
-    /// The client closed the socket (a page unloading, a `close()` that sent no `leave`): the
-    /// commands it sent before are decided before the session ends as a leave, whose grant
-    /// would otherwise be committed first (the host's last command refused `stale_epoch`, a
-    /// transfer going to whoever was next) or they were dropped unsent to the store. Their
-    /// answers go nowhere. A stalled store is waited for no longer than a write may take.
-    async fn closed(&self, commands: &mut Commands) -> Flow {
+    /// The session ends as a leave (a `leave`, or the client closed the socket: a page
+    /// unloading, a `close()` that sent no `leave`): the commands sent before are decided
+    /// first, else the leave's grant could be committed before them (the host's last command
+    /// refused `stale_epoch`, a transfer going to whoever was next) or they were dropped unsent
+    /// to the store. With `answer` each is answered after its event (after a close, answers go
+    /// nowhere). A stalled store is waited for no longer than a write may take.
+    async fn settle(
+        &mut self,
+        commands: &mut Commands,
+        rx: &mut BroadcastStream<Bcast>,
+        answer: bool,
+    ) {
         let within = Duration::from_millis(self.app.cfg.write_timeout_ms);
-        let _ =
-            tokio::time::timeout(within, async { while commands.next().await.is_some() {} }).await;
-        Flow::End(true)
+        let _ = tokio::time::timeout(within, async {
+            while let Some(a) = commands.next().await {
+                if answer && matches!(self.answer(a, rx).await, Flow::End(_)) {
+                    break;
+                }
+            }
+        })
+        .await;
     }
 
     async fn on_client(
@@ -1003,7 +1014,10 @@ impl Conn {
         rx: &mut BroadcastStream<Bcast>,
     ) -> Flow {
         let m = match m {
-            Some(Ok(Message::Close(_))) => return self.closed(commands).await,
+            Some(Ok(Message::Close(_))) => {
+                self.settle(commands, rx, false).await;
+                return Flow::End(true);
+            }
             Some(Ok(m)) => m,
             Some(Err(e)) if too_large(&e) => {
                 close_with(&mut self.sink, ErrorCode::FrameTooLarge, "frame too large").await;
@@ -1035,7 +1049,10 @@ impl Conn {
                 .await;
                 return Flow::End(false);
             }
-            Message::Close(_) => return self.closed(commands).await,
+            Message::Close(_) => {
+                self.settle(commands, rx, false).await;
+                return Flow::End(true);
+            }
         };
         if text.len() > MAX_CLIENT_FRAME {
             close_with(&mut self.sink, ErrorCode::FrameTooLarge, "frame too large").await;
@@ -1080,17 +1097,7 @@ impl Conn {
             }
             ClientMsg::LeaseEcho { nonce } => self.on_echo(nonce).await,
             ClientMsg::Leave => {
-                // Commands sent before the leave are answered first, each after its event (a
-                // stalled store waited for no longer than a write may take).
-                let within = Duration::from_millis(self.app.cfg.write_timeout_ms);
-                let _ = tokio::time::timeout(within, async {
-                    while let Some(answer) = commands.next().await {
-                        if let Flow::End(_) = self.answer(answer, rx).await {
-                            break;
-                        }
-                    }
-                })
-                .await;
+                self.settle(commands, rx, true).await;
                 let _ = self.sink.send(Message::Close(None)).await;
                 Flow::End(true)
             }
