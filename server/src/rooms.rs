@@ -993,10 +993,18 @@ async fn publisher(app: Arc<App>, mut last: i64) {
                 let lag_ms = crate::tokens::now_ms().saturating_sub(at);
                 metrics::gauge!("hostlease_outbox_lag_seconds").set(lag_ms as f64 / 1000.0);
             }
-            let map = app.rooms.lock().expect("rooms lock");
-            for (id, room, item) in rows {
+            // The hubs are looked up under the map's lock and published to outside it: encoding
+            // and broadcasting a batch would hold up every join, leave and lookup meanwhile. A
+            // hub made after the lookup loads its snapshot after these rows were committed.
+            let hubs: Vec<_> = {
+                let map = app.rooms.lock().expect("rooms lock");
+                rows.into_iter()
+                    .map(|(id, room, item)| (id, map.get(&room).cloned(), item))
+                    .collect()
+            };
+            for (id, hub, item) in hubs {
                 last = id;
-                if let Some(r) = map.get(&room) {
+                if let Some(r) = hub {
                     r.publish(item);
                 }
             }
