@@ -301,22 +301,23 @@ async fn command(
         };
         return (StatusCode::FORBIDDEN, json_body(&outcome)).into_response();
     };
-    // The participant's command rate, shared with its WebSocket sessions; charged for a
-    // capability that has not expired only (anyone holding an old one of X's, whose signature
-    // stays good, could otherwise keep X's bucket empty).
-    let charged = claims.exp > crate::tokens::now_ms();
+    // The participant's command rate, shared with its WebSocket sessions; an expired capability
+    // is charged to a bucket of its own (see `App::expired_limiter`).
+    let limiter = if claims.exp > crate::tokens::now_ms() {
+        &app.command_limiter
+    } else {
+        &app.expired_limiter
+    };
     let bucket = (room.clone(), claims.sub.clone());
-    if charged {
-        if let Err(ms) = app.command_limiter.admit(bucket.clone()) {
-            return too_many_requests(ms, json_body(&crate::ws::rate_limited(ms)));
-        }
+    if let Err(ms) = limiter.admit(bucket.clone()) {
+        return too_many_requests(ms, json_body(&crate::ws::rate_limited(ms)));
     }
     let loaded = app.room(&room).await;
-    if charged && !matches!(loaded, Ok(Some(_))) {
+    if !matches!(loaded, Ok(Some(_))) {
         // Charged before the room is loaded (so that a flood does not load rooms), and given
         // back when it cannot be: the retry of a 503 was refused 429 for a command that never
         // reached a room.
-        app.command_limiter.refund(bucket, 1.0);
+        limiter.refund(bucket, 1.0);
     }
     let hub = match loaded {
         Ok(Some(h)) => h,
@@ -541,7 +542,10 @@ async fn admin_reassign_in(
             return json_body(&current);
         }
     }
-    if next.is_none() && row.as_ref().is_none_or(|r| r.host.is_none()) {
+    // A closed room is never granted again: a grant would lose to its row every time (409,
+    // "retry", for as long as another process still held members it had not closed yet).
+    let closed = row.as_ref().is_some_and(|r| r.closed);
+    if closed || next.is_none() && row.as_ref().is_none_or(|r| r.host.is_none()) {
         // Hostless -> hostless is not a grant: the epoch stays, the answer is the current
         // assignment (the row's, or the hub's genesis for a room never granted).
         let current = row

@@ -480,6 +480,11 @@ pub struct App {
     /// Commands per participant in a room, over every WebSocket session it has and HTTP
     /// together: a join token opening more sockets, or reconnecting, gets no more through.
     pub command_limiter: Limiter<(RoomId, ParticipantId)>,
+    /// HTTP commands with an expired capability, per participant in a room, at the same rate:
+    /// kept apart so that anyone holding an old capability of X's (its signature stays good)
+    /// cannot spend X's rate, yet cannot bring the store's writer commands without limit either
+    /// (a replay of an accepted command under its key still works with an expired one).
+    pub expired_limiter: Limiter<(RoomId, ParticipantId)>,
     /// Command payload bytes per room (`Config::room_bytes_rate`).
     pub room_bytes: Limiter<RoomId>,
     /// The kicks made through this process that the sweeper has not read yet. Held from
@@ -520,6 +525,7 @@ impl App {
         let cap_keys = Verifier::from_keys(&[keys.public()]).expect("own key is valid");
         let http_limiter = Limiter::new(cfg.http_rate, cfg.http_burst);
         let command_limiter = Limiter::new(cfg.msg_rate, cfg.msg_burst);
+        let expired_limiter = Limiter::new(cfg.msg_rate, cfg.msg_burst);
         // One payload of the largest size always fits.
         let room_bytes = Limiter::new(
             cfg.room_bytes_rate.max(1.0),
@@ -540,6 +546,7 @@ impl App {
             metrics: crate::http::metrics_handle(),
             http_limiter,
             command_limiter,
+            expired_limiter,
             room_bytes,
             kicking: tokio::sync::Mutex::new(HashSet::new()),
             pauses: Pauses::default(),

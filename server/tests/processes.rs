@@ -320,6 +320,37 @@ async fn a_room_closed_through_one_process_closes_on_the_other() {
     }
 }
 
+/// An admin reassign of a room closed through another process answers with the closing
+/// assignment, while that process still holds the room's members (it closes them on its next
+/// sweep): it tried a grant, which a closed room's row refuses, and answered 409 "another commit
+/// won; retry" to every retry until those members were gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reassigning_a_room_closed_elsewhere_answers_its_closing_assignment() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = app_key_file(dir.path());
+    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
+    let p1 = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
+    // Sweeps (which close a closed room's sessions here) and outbox polls at most every 5 s / 1 s.
+    let p2 = spawn_proc(&db, dir.path(), "p2", 60_000, &["--sweep-ms", "5000"]);
+    let mut host = Raw::join(p2.addr, "rc", &join_token(&key, "rc", "alice", true), None).await;
+    host.until_host().await;
+    let mut other = Raw::join(p2.addr, "rc", &join_token(&key, "rc", "bob", true), None).await;
+    other
+        .until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+        .await;
+    let closing = admin_post(p1.addr, "rc", "close", serde_json::json!({})).await;
+    assert_eq!(closing["reason"], "closed");
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/v1/admin/rooms/rc/reassign", p2.addr))
+        .bearer_auth("admin-secret-key-1234")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(r.json::<serde_json::Value>().await.unwrap(), closing);
+    assert_eq!(host.until_closed().await, Some(ErrorCode::RoomClosed));
+}
+
 /// An admin kick made through one process reaches the member's sessions on another process on
 /// the same database: they get `kicked` and close, and a kicked host is replaced there at once
 /// (reason `kicked`).

@@ -507,11 +507,15 @@ pub fn spawn_proc(
             dir.join("app-key.json").to_str().unwrap(),
             "--lease-ms",
             &lease_ms.to_string(),
-            "--sweep-ms",
-            "20",
             "--admin-key",
             "admin-secret-key-1234",
         ])
+        // 20 ms unless the caller says otherwise (a flag given twice is refused).
+        .args(if extra.contains(&"--sweep-ms") {
+            &[][..]
+        } else {
+            &["--sweep-ms", "20"][..]
+        })
         .args(extra)
         .env("RUST_LOG", "debug")
         .stdout(Stdio::piped())
