@@ -137,7 +137,8 @@ export interface EventMap {
   members: { members: Member[] };
   event: RoomEventRecord;
   discontinuity: { from: number; to: number };
-  /** `closed` is the last event a room delivers, but for pending commands' outcomes. */
+  /** `closed` is the last event a room delivers, but for pending commands' outcomes (and the
+   * `ListenerError` of a `connection` listener that threw on it). */
   connection: { phase: Phase };
   /** `held` for a new host: from then on it may issue host commands (`view.amHost`). Said
    * again when the host's token comes after the lease (a resume's welcome brings the lease). */
@@ -161,7 +162,7 @@ interface ConnectOptionsBase {
   url: string;
   room: string;
   /** Where the server's public keys are (default: `<server>/v1/keys`). */
-  keysUrl?: string;
+  keysUrl?: string | undefined;
 }
 
 /** `token` or `getToken`, one of the two (given both, `getToken` is used). */
@@ -247,8 +248,9 @@ export declare class Room {
    * levels of nesting). Throws a `UsageError` (`BadArgument`) for data JSON cannot hold. */
   signal(to: string, data: unknown): boolean;
   /** This participant's durable inbox, read over HTTP with the room's join token (see
-   * `fetchInbox`; a refused token is asked of `getToken` once more). */
-  inbox(options?: { since?: number }): Promise<InboxPage>;
+   * `fetchInbox`; a refused token is asked of `getToken` once more, and `getToken` failing
+   * rejects with `TokenUnavailable`). */
+  inbox(options?: { since?: number | undefined }): Promise<InboxPage>;
   /** Leaves the room (a host's role passes on at once) and stops reconnecting. Pending commands
    * fail `Closed`; one sent and not yet answered fails `Interrupted` (it may have been applied). */
   close(): void;
@@ -282,8 +284,9 @@ export interface FetchInboxOptions {
   room: string;
   /** The participant's join token (sent in the Authorization header). */
   token: string;
-  /** A cursor from an earlier page (default 0). */
-  since?: number;
+  /** A cursor from an earlier page's `next` (default 0; `next` is `null` when there is no more
+   * to read: a `null` here is a `BadArgument`). */
+  since?: number | undefined;
 }
 
 /** Reads a participant's durable inbox over HTTP, without joining the room. Rejects with a

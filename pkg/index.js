@@ -213,8 +213,8 @@ export async function fetchInbox(options) {
       // A body that is not JSON is the server's fault; one cut off (the 10 s of its attempt
       // ran out on a slow link, or the network went) is the network's.
       throw e instanceof HostleaseError ? e : e instanceof SyntaxError
-        ? new ProtocolError(ErrorCode.BadResponse, "the inbox page is not JSON")
-        : new ConnectionError(ErrorCode.Unavailable, "the inbox page could not be read", { cause: e });
+        ? new ProtocolError(ErrorCode.BadResponse, "the inbox page is malformed")
+        : new ConnectionError(ErrorCode.Unavailable, "the inbox could not be read", { cause: e });
     }
     entries.push(...body.entries);
     if (body.next == null) return { entries, next: null };

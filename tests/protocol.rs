@@ -428,6 +428,17 @@ fn protocol_rules_beyond_shape_are_enforced() {
         decode_server(&text),
         Err(DecodeError::Invalid("too many members"))
     ));
+    // A replayed item past the snapshot point: a view would hold it outside its buffer's bound
+    // and ask for another resume, whose welcome could add as many again.
+    let past = welcome(
+        "a",
+        snapshot(assignment(1, 5, None), vec![], None),
+        vec![Item::Event(event(5, 1, "b")), Item::Event(event(6, 1, "b"))],
+    );
+    assert_eq!(
+        decode_server(&encode_server(&past)),
+        Err(DecodeError::Invalid("replay out of bounds"))
+    );
     // Snapshot whose assignment is for another room.
     let mut snap = snapshot(assignment(1, 1, None), vec![], None);
     snap.current.assignment.room = RoomId::new("other").unwrap();
@@ -714,7 +725,7 @@ fn tagged_bodies_decode_with_the_tag_anywhere() {
     let text = r#"{"v":1,"t":"welcome","you":"a","session":"a-s","missed":[{"seq":2,"epoch":1,
         "kind":"event","actor":"b","action":"vote","at":5}],"snapshot":{"room":"room-1","current":
         {"room":"room-1","host":null,"session":null,"epoch":1,"seq":1,"lease_ms":1,
-        "reason":"elected","issued_at":0},"members":[],"seq":1,"server_time":0}}"#;
+        "reason":"elected","issued_at":0},"members":[],"seq":2,"server_time":0}}"#;
     match decode_server(text).unwrap() {
         ServerMsg::Welcome { missed, .. } => {
             assert!(matches!(&missed[..], [Item::Event(e)] if e.seq == Seq(2)))

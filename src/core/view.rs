@@ -1033,7 +1033,7 @@ impl HostView {
 
     /// Into the buffer in seq order; a second copy of a seq replaces the first, as a map insert
     /// would. Unbounded here: `buffer_item` bounds what the stream adds, and a welcome adds at
-    /// most its replay (`MAX_REPLAY`).
+    /// most its replay (`MAX_REPLAY`) up to its snapshot point.
     fn hold(&mut self, item: Item) {
         match self.buffer.binary_search_by_key(&item.seq(), Item::seq) {
             Ok(i) => self.buffer[i] = item,

@@ -260,7 +260,12 @@ fn validate_server(msg: &ServerMsg) -> Result<(), DecodeError> {
         } => {
             validate_snapshot(snapshot)?;
             discontinuity.iter().try_for_each(validate_gap)?;
-            check(missed.len() <= MAX_REPLAY, "too many replayed items")?;
+            // Replayed items are the snapshot's past: one after it would be held outside the
+            // view's buffer bound.
+            check(
+                missed.len() <= MAX_REPLAY && missed.iter().all(|i| i.seq() <= snapshot.seq),
+                "replay out of bounds",
+            )?;
             missed.iter().try_for_each(validate_item)
         }
         // A rejection's assignment is adopted, and relayed to peers, like any other.
