@@ -261,11 +261,16 @@ async fn kill_9_and_restart_keeps_epochs_and_the_log() {
 /// Two server processes on one fresh SQLite file, with long leases (nothing lapses in a test),
 /// and the app key their join tokens are signed with. Keep the directory until the end.
 fn two_processes() -> (tempfile::TempDir, Keypair, Proc, Proc) {
+    two_processes_with(&[])
+}
+
+/// Two processes on one database; the second started with `p2_extra` flags too.
+fn two_processes_with(p2_extra: &[&str]) -> (tempfile::TempDir, Keypair, Proc, Proc) {
     let dir = tempfile::tempdir().unwrap();
     let key = app_key_file(dir.path());
     let db = format!("sqlite://{}", dir.path().join("shared.db").display());
     let p1 = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
-    let p2 = spawn_proc(&db, dir.path(), "p2", 60_000, &[]);
+    let p2 = spawn_proc(&db, dir.path(), "p2", 60_000, p2_extra);
     (dir, key, p1, p2)
 }
 
@@ -326,12 +331,8 @@ async fn a_room_closed_through_one_process_closes_on_the_other() {
 /// won; retry" to every retry until those members were gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reassigning_a_room_closed_elsewhere_answers_its_closing_assignment() {
-    let dir = tempfile::tempdir().unwrap();
-    let key = app_key_file(dir.path());
-    let db = format!("sqlite://{}", dir.path().join("shared.db").display());
-    let p1 = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
-    // Sweeps (which close a closed room's sessions here) and outbox polls at most every 5 s / 1 s.
-    let p2 = spawn_proc(&db, dir.path(), "p2", 60_000, &["--sweep-ms", "5000"]);
+    // The second's sweeps (which close a closed room's sessions there) come every 5 s.
+    let (_dir, key, p1, p2) = two_processes_with(&["--sweep-ms", "5000"]);
     let mut host = Raw::join(p2.addr, "rc", &join_token(&key, "rc", "alice", true), None).await;
     host.until_host().await;
     let mut other = Raw::join(p2.addr, "rc", &join_token(&key, "rc", "bob", true), None).await;
