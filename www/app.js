@@ -8,28 +8,48 @@ const $ = (id) => document.getElementById(id);
 let room = null;
 const peers = new Map();
 // `log` (every room event applied) and `relays` (the SDK's verdict on each relayed assignment)
-// are only read by the end-to-end tests, as are `peers` and `room` on `window.demo`.
+// are only read by the end-to-end tests, as are `peers` and `room` on `window.demo`. Each list
+// keeps its newest `KEEP` entries.
 const state = { poll: null, votes: new Map(), pendingVotes: new Map(), timeline: [], log: [], relays: [] };
+const KEEP = 1000;
+const keep = (list, item) => list.push(item) > KEEP && list.splice(0, list.length - KEEP);
 window.demo = { state, peers, get room() { return room; } };
 
 // ----- state from room events --------------------------------------------------------------
 
+// Payloads are whatever a member sent (the server checks no shapes): one that is not what this
+// app sends is ignored, never trusted.
+const isPoll = (p) => typeof p?.question === "string" && Array.isArray(p.options)
+  && p.options.length <= 8 && p.options.every((o) => typeof o === "string");
+
 function applyEvent(e) {
-  state.log.push({ seq: e.seq, epoch: e.epoch, actor: e.actor, action: e.action, payload: e.payload });
-  if (e.action === "poll.open") {
-    state.poll = { id: e.seq, question: e.payload.question, options: e.payload.options, open: true };
+  keep(state.log, { seq: e.seq, epoch: e.epoch, actor: e.actor, action: e.action, payload: e.payload });
+  const p = e.payload;
+  if (e.action === "poll.open" && isPoll(p)) {
+    state.poll = { id: e.seq, question: p.question, options: p.options, open: true };
     state.votes = new Map();
+    state.unknown = false;
   } else if (e.action === "poll.close" && state.poll) {
     state.poll.open = false;
-  } else if (e.action === "vote" && state.poll && e.payload.poll === state.poll.id && state.poll.open) {
-    state.votes.set(e.actor, e.payload.option); // once per member: the latest choice counts
+  } else if (e.action === "vote" && state.poll?.open && p?.poll === state.poll.id && Number.isInteger(p.option)) {
+    state.votes.set(e.actor, p.option); // once per member: the latest choice counts
   }
+  render();
+}
+
+/** Room events were lost (a replay cut short, or a gap the server could not fill): what the poll
+ * is now is not known until the next one opens. */
+function onDiscontinuity() {
+  state.poll = null;
+  state.votes = new Map();
+  state.unknown = true;
   render();
 }
 
 // ----- rendering -------------------------------------------------------------------------------
 
-function render() {
+/** What changes with time alone (the lease's deadline passing): the status and host controls. */
+function renderStatus() {
   if (!room) return;
   const v = room.view;
   $("status").dataset.phase = v.phase;
@@ -42,7 +62,12 @@ function render() {
   $("provisional").textContent = v.provisional ?? "nobody reachable";
   for (const id of ["open", "close-poll", "transfer", "resign", "question", "options", "transfer-to"]) $(id).disabled = !v.amHost;
   $("host-card").dataset.amHost = String(v.amHost);
+  return v;
+}
 
+function render() {
+  const v = renderStatus();
+  if (!v) return;
   const others = v.members.filter((m) => m.id !== v.me);
   const sel = $("transfer-to");
   const keep = sel.value;
@@ -56,7 +81,7 @@ function render() {
   }));
 
   const p = state.poll;
-  $("poll-question").textContent = p ? p.question : "No poll yet";
+  $("poll-question").textContent = p ? p.question : state.unknown ? "Poll unknown (events were missed)" : "No poll yet";
   $("poll-state").textContent = p ? (p.open ? "open — vote below" : "closed") : "the host can open one";
   const counts = p ? p.options.map((_, i) => [...state.votes.values()].filter((o) => o === i).length) : [];
   const total = Math.max(1, counts.reduce((a, b) => a + b, 0));
@@ -84,7 +109,6 @@ function render() {
 
   $("timeline").replaceChildren(...state.timeline.slice().reverse().map((t) => {
     const li = document.createElement("li");
-    li.innerHTML = "";
     const time = new Date(t.at).toLocaleTimeString();
     li.append(`${time} · epoch ${t.epoch}: ${t.from ?? "nobody"} → ${t.to ?? "nobody"} `);
     const r = document.createElement("span");
@@ -98,7 +122,8 @@ function render() {
 function showError(el, e) {
   el.hidden = false;
   el.textContent = `${e.code ?? "error"}: ${e.message}`;
-  setTimeout(() => { el.hidden = true; }, 4000);
+  clearTimeout(el.hideTimer);
+  el.hideTimer = setTimeout(() => { el.hidden = true; }, 4000);
 }
 
 // ----- commands --------------------------------------------------------------------------------
@@ -139,43 +164,70 @@ $("transfer").onclick = () => $("transfer-to").value && hostCommand("host.transf
 
 // ----- WebRTC mesh -----------------------------------------------------------------------------
 
-function peerConnection(peerId, initiator) {
+/** Lets go of the link to `peerId`: the SDK's channel first (Safari fires no `close` on a data
+ * channel whose connection the app closes), then the connection. */
+function drop(peerId) {
+  room.detachPeer(peerId);
+  peers.get(peerId)?.close();
+  peers.delete(peerId);
+}
+
+/** A link to member `peerId` (its session `session`). The member whose id sorts first offers; a
+ * link that fails, or whose signalling could not be sent (signals are not queued while the
+ * socket is down), is dropped and offered again by the next `mesh()`. */
+function peerConnection(peerId, initiator, session) {
   const pc = new RTCPeerConnection({ iceServers: window.HOSTLEASE_ICE_SERVERS ?? [] });
+  pc.session = session;
   peers.set(peerId, pc);
   pc.onicecandidate = (e) => e.candidate && room.signal(peerId, { candidate: e.candidate.toJSON() });
   pc.onconnectionstatechange = () => {
-    if (["failed", "closed"].includes(pc.connectionState)) {
-      room.detachPeer(peerId);
-      peers.delete(peerId);
+    if (pc.connectionState === "failed" && peers.get(peerId) === pc) {
+      drop(peerId);
+      mesh();
     }
   };
   if (initiator) {
     room.attachPeer(peerId, pc.createDataChannel("hostlease"));
-    pc.createOffer().then((o) => pc.setLocalDescription(o)).then(() => room.signal(peerId, { sdp: pc.localDescription.toJSON() }));
+    pc.createOffer()
+      .then((o) => pc.setLocalDescription(o))
+      .then(() => room.signal(peerId, { sdp: pc.localDescription.toJSON() }) || Promise.reject())
+      .catch(() => peers.get(peerId) === pc && drop(peerId));
   } else {
     pc.ondatachannel = (e) => room.attachPeer(peerId, e.channel);
   }
   return pc;
 }
 
-async function onSignal({ from, data }) {
+async function onSignal({ from, fromSession, data }) {
   let pc = peers.get(from);
   if (data.sdp) {
-    if (data.sdp.type === "offer" && pc) { pc.close(); peers.delete(from); pc = null; }
-    if (!pc) pc = peerConnection(from, false);
+    // An offer starts the link again (the other side reloaded, or dropped a failed link).
+    if (data.sdp.type === "offer" && pc) { drop(from); pc = null; }
+    if (!pc) pc = peerConnection(from, false, fromSession);
     await pc.setRemoteDescription(data.sdp);
     if (data.sdp.type === "offer") {
       await pc.setLocalDescription(await pc.createAnswer());
-      room.signal(from, { sdp: pc.localDescription.toJSON() });
+      if (!room.signal(from, { sdp: pc.localDescription.toJSON() }) && peers.get(from) === pc) drop(from);
     }
   } else if (data.candidate && pc) {
     await pc.addIceCandidate(data.candidate).catch(() => {});
   }
 }
 
+/** One link per other member, made by the side whose id sorts first, and made again when the
+ * member is back as a new session (a page reloaded: the old link goes to a page that is gone;
+ * a reconnect is a new session too, and costs a renegotiation).
+ * A member the server no longer lists keeps its link: cut off from the server, it is reachable
+ * over WebRTC still (the provisional view counts on it); a link to a page that is gone fails by
+ * itself. */
 function mesh() {
   const v = room.view;
-  for (const m of v.members) if (m.id !== v.me && v.me < m.id && !peers.has(m.id)) peerConnection(m.id, true);
+  if (v.phase !== "live") return; // signals need the socket; `connection` → live meshes again
+  const sessions = new Map(v.members.filter((m) => m.id !== v.me && v.me < m.id).map((m) => [m.id, m.session]));
+  for (const [id, session] of sessions) {
+    if (peers.has(id) && peers.get(id).session !== session) drop(id);
+    if (!peers.has(id)) peerConnection(id, true, session);
+  }
 }
 
 // ----- join ------------------------------------------------------------------------------------
@@ -202,8 +254,11 @@ async function devToken(roomName, name) {
   return { token: body.token, expiresAt: Date.now() + 3_600_000 };
 }
 
+let joining = false;
 $("join-form").onsubmit = async (ev) => {
   ev.preventDefault();
+  if (joining || room) return; // a second submit while the first joins would open a second room
+  joining = true;
   const roomName = $("room").value.trim();
   const name = $("name").value.trim();
   try {
@@ -212,6 +267,8 @@ $("join-form").onsubmit = async (ev) => {
     room = await connect({ url: `${scheme}://${location.host}`, room: roomName, getToken: () => devToken(roomName, name) });
   } catch (e) {
     return showError($("join-error"), e);
+  } finally {
+    joining = false;
   }
   $("join").hidden = true;
   $("app").hidden = false;
@@ -221,15 +278,19 @@ $("join-form").onsubmit = async (ev) => {
     const prev = state.timeline.at(-1);
     // A new room's hostless epoch 0 is no assignment: "nobody → nobody (elected)" misled.
     if (!prev && h.host === null && h.epoch === 0) return render();
-    state.timeline.push({ at: h.issuedAt || Date.now(), epoch: h.epoch, from: prev?.to ?? null, to: h.host, reason: h.reason, via: h.via });
+    keep(state.timeline, { at: h.issuedAt || Date.now(), epoch: h.epoch, from: prev?.to ?? null, to: h.host, reason: h.reason, via: h.via });
     render();
   });
   for (const t of ["members", "connection", "lease", "provisional", "command"]) room.on(t, render);
+  room.on("discontinuity", onDiscontinuity);
   room.on("members", mesh);
+  room.on("connection", mesh);
   room.on("signal", (s) => onSignal(s).catch(() => {}));
-  room.on("relay", (r) => state.relays.push(r));
+  room.on("relay", (r) => keep(state.relays, r));
   room.on("error", (e) => console.warn("hostlease:", e.code, e.message));
-  setInterval(render, 1000); // the lease countdown
+  // The lease's deadline passes with no event until the next step: the status and host controls
+  // are read again every second (not the lists, which an open menu or the focus would lose).
+  setInterval(renderStatus, 1000);
   render();
 };
 

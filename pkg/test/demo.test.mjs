@@ -552,3 +552,27 @@ test("votes cast during a reconnect are neither lost nor counted twice", { timeo
   await screenshot(b, "votes-during-reconnect");
   await closeAll(...all);
 });
+
+test("a reloaded page gets its WebRTC links back; payloads the app does not send break no page", { timeout: 180_000 }, async () => {
+  const { a, b, c, all } = await threeMembers("reload");
+  await meshed(all);
+  // Carol's id sorts last: Alice and Bob offer her their links, and must offer them again to the
+  // session her reloaded page joins as (the links they held went to a page that is gone, and
+  // she offers none).
+  assert.ok(a.id < c.id && b.id < c.id, `${a.id} ${b.id} ${c.id}`);
+  await c.page.reload();
+  await c.page.click("#join-form button[type=submit]");
+  await until("carol live again", async () => (await view(c))?.phase === "live");
+  assert.equal((await view(c)).me, c.id, "the same participant (the tab keeps its id)");
+  await meshed(all);
+
+  // The server checks no payload shapes: a poll without options and a vote without a poll are
+  // committed like any other, and every page must go on.
+  await a.page.evaluate(() => window.demo.room.command("poll.open", { question: 1 }));
+  await b.page.evaluate(() => window.demo.room.command("vote", null));
+  await openPoll(a, "Tea?", ["yes", "no"]);
+  await countsAre(all, "Tea?", [0, 0]);
+  await castVote(c, 1);
+  await countsAre(all, "Tea?", [0, 1]);
+  await closeAll(...all);
+});
