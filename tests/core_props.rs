@@ -145,14 +145,22 @@ proptest! {
         for me in pages {
             let mut v = connected(me.id.as_str());
             let a = assignment(3, 3, host.as_deref());
-            let snap = snapshot(a, ms.clone(), None);
+            // The host's page holds its lease (and its token) until the connection drops.
+            let is_host = host.as_deref() == Some(me.id.as_str());
+            let snap = snapshot(a, ms.clone(), is_host.then_some(5000));
             v.handle_server(at(1), welcome(me.id.as_str(), snap, vec![]));
+            v.handle_server(at(1), participant_cap());
+            if is_host {
+                v.handle_server(at(1), host_cap(3));
+            }
             for i in 0..8u8 {
                 let p = format!("p{i}");
                 if reach(&p) && p != me.id.as_str() { v.handle_peer_seen(at(2), pid(&p)); }
             }
+            prop_assert_eq!(v.has_authority(at(2)), is_host, "page {} before the drop", me.id);
             v.handle_disconnected(at(3));
             prop_assert_eq!(v.provisional().map(|p| p.to_string()), expected.clone(), "page {}", me.id);
+            // Offline, nobody acts as host, the provisional coordinator (even the host) included.
             prop_assert!(!v.has_authority(at(3)));
         }
     }

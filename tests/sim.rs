@@ -641,7 +641,8 @@ struct Client {
     cut: bool,
     applied: Vec<u64>,
     discontinuities: u64,
-    votes: HashSet<IdempotencyKey>,
+    /// Every vote made, by key: its number among this client's votes (in its payload, `n`).
+    votes: HashMap<IdempotencyKey, u64>,
     votes_failed: HashSet<IdempotencyKey>,
     isolated: bool,
 }
@@ -724,7 +725,7 @@ impl Sim {
                     cut: false,
                     applied: Vec::new(),
                     discontinuities: 0,
-                    votes: HashSet::new(),
+                    votes: HashMap::new(),
                     votes_failed: HashSet::new(),
                     isolated: false,
                 }
@@ -1007,13 +1008,14 @@ impl Sim {
                 );
             }
             25..=49 => {
+                let n = self.clients[i].votes.len() as u64;
                 if let Ok(id) = self.clients[i].view.command(
                     local,
                     action("vote"),
-                    js(json!({ "by": i, "at": self.now })),
+                    js(json!({ "by": i, "at": self.now, "n": n })),
                     None,
                 ) {
-                    self.clients[i].votes.insert(id);
+                    self.clients[i].votes.insert(id, n);
                 }
             }
             50..=55 => {
@@ -1257,7 +1259,8 @@ impl Sim {
                 c.pid
             );
         }
-        // Each vote the SDK did not report failed was counted exactly once.
+        // Each vote the SDK did not report failed was counted exactly once, and no other: the
+        // same votes (by client and number), not merely as many.
         let mut counted: HashMap<(String, u64), usize> = HashMap::new();
         for item in &self.model.log {
             if let Item::Event(e) = item {
@@ -1265,7 +1268,7 @@ impl Sim {
                     *counted
                         .entry((
                             e.actor.to_string(),
-                            value(&e.payload)["at"].as_u64().unwrap(),
+                            value(&e.payload)["n"].as_u64().unwrap(),
                         ))
                         .or_default() += 1;
                 }
@@ -1275,16 +1278,20 @@ impl Sim {
             counted.values().all(|n| *n == 1),
             "seed {seed}: a vote was counted twice"
         );
-        let accepted_votes: usize = self
+        let mut made: Vec<(String, u64)> = self
             .clients
             .iter()
-            .map(|c| c.votes.len() - c.votes.intersection(&c.votes_failed).count())
-            .sum();
-        assert_eq!(
-            counted.len(),
-            accepted_votes,
-            "seed {seed}: votes lost or invented"
-        );
+            .flat_map(|c| {
+                c.votes
+                    .iter()
+                    .filter(|(id, _)| !c.votes_failed.contains(*id))
+                    .map(|(_, n)| (c.pid.to_string(), *n))
+            })
+            .collect();
+        let mut got: Vec<(String, u64)> = counted.into_keys().collect();
+        made.sort();
+        got.sort();
+        assert_eq!(got, made, "seed {seed}: votes lost or invented");
         // Liveness after healing: somebody hosts and holds authority.
         let host = self
             .clients
