@@ -497,7 +497,9 @@ impl HostView {
     }
 
     /// A connection to the server opened. Queues the hello with `join_token` (the token goes in
-    /// the first frame, never in a URL).
+    /// the first frame, never in a URL). Once per connection, after `handle_disconnected` for
+    /// the last one: a session and the tokens bound to it belong to their connection (the
+    /// browser driver dials no second connection while one is open or opening).
     pub fn handle_connected(&mut self, now: Instant, join_token: Token) {
         let now = self.tick(now);
         if self.phase == Phase::Closed {

@@ -720,7 +720,9 @@ impl Driver {
         let rc = &self.inner;
         let mut result = Ok(());
         step(rc, |s, w| {
-            if s.closed {
+            // (A second dial while one is open or opening, two token fetches in flight at once,
+            // is not made: it would replace a connection the core was not told had closed.)
+            if s.closed || s.socket.is_some() {
                 return;
             }
             s.token = Some(Token::new(token));
@@ -1111,6 +1113,33 @@ mod tests {
             );
         }
         assert_eq!(deadlines, [15, 15, 15]);
+        d.close();
+    }
+
+    /// A second `connect` while a dial is open or opening (two token fetches in flight at once:
+    /// an `online` event while `getToken` answered slowly) makes no second socket: it replaced
+    /// the first without the core being told that one had closed, and the core kept the session
+    /// and host token of a connection that was gone.
+    #[wasm_bindgen_test]
+    fn a_second_dial_while_one_is_open_or_opening_is_not_made() {
+        let d = driver("ws://127.0.0.1:9/ws", noop(), 8);
+        let socket = |d: &Driver| -> JsValue {
+            d.inner
+                .borrow()
+                .socket
+                .as_ref()
+                .expect("dialled")
+                .ws
+                .clone()
+                .into()
+        };
+        d.connect("t".into()).unwrap();
+        let first = socket(&d);
+        d.connect("t".into()).unwrap();
+        assert!(
+            js_sys::Object::is(&first, &socket(&d)),
+            "the first dial was replaced"
+        );
         d.close();
     }
 
