@@ -142,10 +142,12 @@ struct Model {
     lease_expires: u64,
     /// No lease is confirmed before this: a forced grant took a lease away that ran until then.
     fenced_until: u64,
-    /// epoch → the session granted in it and until when the server held its lease (extended
-    /// by every confirmed echo). A host replaced by force may still act within the lease it
-    /// had (cut off, it does not know yet); nobody may act in an epoch after its lease ended.
-    leases: BTreeMap<Epoch, (SessionId, u64)>,
+    /// epoch → the session granted in it and the span of its lease on the server: from the
+    /// grant, or from the fence a forced grant set (the lease it took away runs until then),
+    /// until its end, extended by every confirmed echo. A host replaced by force may still act
+    /// within the lease it had (cut off, it does not know yet); nobody may act in an epoch
+    /// before its lease began or after it ended.
+    leases: BTreeMap<Epoch, (SessionId, u64, u64)>,
     log: Vec<Item>,
     members: Vec<Member>,
     sessions: BTreeMap<SessionId, Session>,
@@ -395,8 +397,9 @@ impl Model {
             0
         };
         if let Some((_, sid)) = &next {
+            let from = now.max(self.fenced_until);
             self.leases
-                .insert(self.epoch, (sid.clone(), self.lease_expires));
+                .insert(self.epoch, (sid.clone(), from, self.lease_expires));
         }
         self.log.push(Item::Assignment(self.current.clone().into()));
         self.broadcast(&ServerMsg::Assignment(self.current.clone().into()));
@@ -444,8 +447,9 @@ impl Model {
             return;
         }
         self.lease_expires = self.lease_expires.max(now + self.ttl);
-        self.leases
-            .insert(self.epoch, (sid.clone(), self.lease_expires));
+        if let Some(lease) = self.leases.get_mut(&self.epoch) {
+            lease.2 = self.lease_expires;
+        }
         let claims = Claims {
             sub: self.current.host.clone().unwrap(),
             sid: sid.clone(),
@@ -1152,7 +1156,9 @@ impl Sim {
     /// ground on which a client may act as host (checked against the model, not the core).
     fn server_lease_holds(&self, a: Option<&Assignment>) -> bool {
         a.and_then(|a| Some((a.session.as_ref()?, self.model.leases.get(&a.epoch)?)))
-            .is_some_and(|(sid, (held, end))| sid == held && *end > self.now)
+            .is_some_and(|(sid, (held, from, end))| {
+                sid == held && *from <= self.now && self.now < *end
+            })
     }
 
     /// At most one client holds host authority, and only within a lease the server held for

@@ -183,7 +183,9 @@ function peerConnection(peerId, initiator, session) {
   pc.onconnectionstatechange = () => {
     if (pc.connectionState === "failed" && peers.get(peerId) === pc) {
       drop(peerId);
-      mesh();
+      // Offered again after a pause: a pair that cannot connect at all (no TURN server on a
+      // network that needs one) does not renegotiate back to back.
+      setTimeout(() => room && mesh(), 10_000);
     }
   };
   if (initiator) {

@@ -517,6 +517,16 @@ async fn admin_reassign_in(
         Ok(r) => r,
         Err(_) => return (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
     };
+    // A closed room is never granted again: a grant would lose to its row every time (409,
+    // "retry", for as long as another process still held members it had not closed yet). Its
+    // closing assignment is the answer, whoever `to` names.
+    if let Some(closing) = row
+        .as_ref()
+        .filter(|r| r.closed)
+        .and_then(|r| r.current.clone())
+    {
+        return json_body(&closing);
+    }
     let cur_session = row.as_ref().and_then(|r| r.session.clone());
     let next = match &body.to {
         Some(to) => hostlease::core::elect(hub.members().iter().filter(|m| &m.id == to))
@@ -542,8 +552,7 @@ async fn admin_reassign_in(
             return json_body(&current);
         }
     }
-    // A closed room is never granted again: a grant would lose to its row every time (409,
-    // "retry", for as long as another process still held members it had not closed yet).
+    // (A closed room whose row holds no assignment, never granted: as hostless.)
     let closed = row.as_ref().is_some_and(|r| r.closed);
     if closed || next.is_none() && row.as_ref().is_none_or(|r| r.host.is_none()) {
         // Hostless -> hostless is not a grant: the epoch stays, the answer is the current

@@ -349,6 +349,15 @@ async fn reassigning_a_room_closed_elsewhere_answers_its_closing_assignment() {
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     assert_eq!(r.json::<serde_json::Value>().await.unwrap(), closing);
+    // Whoever it names (it was 404 for a participant not connected here).
+    let named = admin_post(
+        p2.addr,
+        "rc",
+        "reassign",
+        serde_json::json!({"to": "nobody"}),
+    )
+    .await;
+    assert_eq!(named, closing);
     assert_eq!(host.until_closed().await, Some(ErrorCode::RoomClosed));
 }
 
