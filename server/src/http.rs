@@ -517,15 +517,19 @@ async fn admin_reassign_in(
         Ok(r) => r,
         Err(_) => return (StatusCode::SERVICE_UNAVAILABLE, "storage unavailable").into_response(),
     };
+    // The answer that is not a grant: the current assignment (the row's, or the hub's genesis
+    // for a room never granted).
+    let current = |row: Option<crate::store::RoomRow>| {
+        json_body(
+            &row.and_then(|r| r.current)
+                .unwrap_or_else(|| hub.state.lock().expect("room lock").current.clone()),
+        )
+    };
     // A closed room is never granted again: a grant would lose to its row every time (409,
     // "retry", for as long as another process still held members it had not closed yet). Its
     // closing assignment is the answer, whoever `to` names.
-    if let Some(closing) = row
-        .as_ref()
-        .filter(|r| r.closed)
-        .and_then(|r| r.current.clone())
-    {
-        return json_body(&closing);
+    if row.as_ref().is_some_and(|r| r.closed) {
+        return current(row);
     }
     let cur_session = row.as_ref().and_then(|r| r.session.clone());
     let next = match &body.to {
@@ -552,15 +556,9 @@ async fn admin_reassign_in(
             return json_body(&current);
         }
     }
-    // (A closed room whose row holds no assignment, never granted: as hostless.)
-    let closed = row.as_ref().is_some_and(|r| r.closed);
-    if closed || next.is_none() && row.as_ref().is_none_or(|r| r.host.is_none()) {
-        // Hostless -> hostless is not a grant: the epoch stays, the answer is the current
-        // assignment (the row's, or the hub's genesis for a room never granted).
-        let current = row
-            .and_then(|r| r.current)
-            .unwrap_or_else(|| hub.state.lock().expect("room lock").current.clone());
-        return json_body(&current);
+    if next.is_none() && row.as_ref().is_none_or(|r| r.host.is_none()) {
+        // Hostless -> hostless is not a grant: the epoch stays.
+        return current(row);
     }
     let epoch = row
         .as_ref()
