@@ -535,8 +535,7 @@ async fn a_misspelt_admin_body_is_refused_and_changes_nothing() {
     let mut a = srv.raw("typo", "alice", true).await;
     a.until_host().await;
     let mut b = srv.raw("typo", "bob", true).await;
-    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-        .await;
+    b.until_capability().await;
     for (route, body) in [
         ("reassign", serde_json::json!({"participant": "bob"})),
         ("reassign", serde_json::json!({"To": "bob"})),
@@ -593,8 +592,7 @@ async fn lowering_the_ttl_under_a_live_host_does_not_fail_it_over() {
     let mut a = srv.raw("low", "alice", true).await;
     a.until_host().await;
     let mut b = srv.raw("low", "bob", true).await; // someone to fail over to
-    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-        .await;
+    b.until_capability().await;
     let r = reqwest::Client::new()
         .post(format!("http://{}/v1/admin/rooms/low/ttl", srv.addr))
         .bearer_auth("admin-secret-key-1234")
@@ -644,8 +642,7 @@ async fn lowering_the_ttl_under_a_live_host_does_not_fail_it_over() {
 async fn closing_a_hostless_room_does_not_move_the_epoch() {
     let srv = start(test_config()).await;
     let mut b = srv.raw("hl", "bob", false).await;
-    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-        .await;
+    b.until_capability().await;
     let r = reqwest::Client::new()
         .post(format!("http://{}/v1/admin/rooms/hl/close", srv.addr))
         .bearer_auth("admin-secret-key-1234")
@@ -709,8 +706,7 @@ async fn reassigning_a_hostless_room_without_candidates_does_not_move_the_epoch(
     a.until(|m| matches!(m, ServerMsg::LeaseProbe { .. }).then_some(()))
         .await;
     let mut b = srv.raw("gone", "bob", false).await;
-    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-        .await;
+    b.until_capability().await;
     a.send(&hostlease::protocol::ClientMsg::Leave).await;
     let left = b
         .until(|m| match m {
@@ -734,8 +730,7 @@ async fn a_request_dropped_by_its_client_releases_the_room() {
     let srv = start(test_config()).await;
     let id = RoomId::new("dropped").unwrap();
     let mut a = srv.raw("dropped", "alice", true).await;
-    a.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-        .await;
+    a.until_capability().await;
     // The hub itself, not counted as a holder.
     let hub = srv.app.rooms.lock().unwrap().get(&id).cloned().unwrap();
     let decide = hub.decide.lock().await;
@@ -823,8 +818,7 @@ async fn a_kick_whose_client_goes_away_still_replaces_the_host() {
     let mut a = srv.raw("kg", "alice", true).await;
     a.until_host().await;
     let mut b = srv.raw("kg", "bob", true).await;
-    b.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-        .await;
+    b.until_capability().await;
     // The kick waits for the room's decisions, held here until its client has given up.
     let hub = srv.app.rooms.lock().unwrap().get(&id).cloned().unwrap();
     let decide = hub.decide.lock().await;

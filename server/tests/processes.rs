@@ -292,8 +292,7 @@ async fn a_room_closed_through_one_process_closes_on_the_other() {
     )
     .await;
     for r in [&mut guest, &mut lone] {
-        r.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-            .await;
+        r.until_capability().await;
     }
     let http = reqwest::Client::new();
     for room in ["cl", "cl2"] {
@@ -336,9 +335,7 @@ async fn reassigning_a_room_closed_elsewhere_answers_its_closing_assignment() {
     let mut host = Raw::join(p2.addr, "rc", &join_token(&key, "rc", "alice", true), None).await;
     host.until_host().await;
     let mut other = Raw::join(p2.addr, "rc", &join_token(&key, "rc", "bob", true), None).await;
-    other
-        .until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-        .await;
+    other.until_capability().await;
     let closing = admin_post(p1.addr, "rc", "close", serde_json::json!({})).await;
     assert_eq!(closing["reason"], "closed");
     let r = reqwest::Client::new()
@@ -370,9 +367,7 @@ async fn a_kick_through_one_process_reaches_the_other() {
     let mut host = Raw::join(p2.addr, "kk", &join_token(&key, "kk", "alice", true), None).await;
     host.until_host().await;
     let mut other = Raw::join(p2.addr, "kk", &join_token(&key, "kk", "bob", true), None).await;
-    other
-        .until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-        .await;
+    other.until_capability().await;
     // None of alice's sessions is held by p1; p2 kicks them on its next sweep.
     assert_eq!(kick(p1.addr, "kk", "alice").await, 0);
     assert_eq!(host.until_closed().await, Some(ErrorCode::Kicked));
@@ -413,8 +408,7 @@ async fn a_resign_whose_connection_drops_at_once_is_still_logged() {
         })
         .unwrap();
     let mut bob = Raw::join(p.addr, "rs", &join_token(&key, "rs", "bob", true), None).await;
-    bob.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
-        .await;
+    bob.until_capability().await;
     alice.send_resign(epoch, host_token).await;
     drop(alice);
     bob.until_host().await;

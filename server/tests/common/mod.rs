@@ -294,6 +294,12 @@ impl Raw {
         }
     }
 
+    /// Reads until a capability (of either role) arrives: the session is in the room.
+    pub async fn until_capability(&mut self) {
+        self.until(|m| matches!(m, ServerMsg::Capability { .. }).then_some(()))
+            .await
+    }
+
     /// Reads until a participant capability arrives.
     pub async fn participant_token(&mut self) -> Token {
         self.until(|m| match m {
