@@ -70,9 +70,9 @@ function render() {
   if (!v) return;
   const others = v.members.filter((m) => m.id !== v.me);
   const sel = $("transfer-to");
-  const keep = sel.value;
+  const chosen = sel.value;
   sel.replaceChildren(...[...new Set(others.map((m) => m.id))].map((id) => new Option(id, id)));
-  if (keep) sel.value = keep;
+  if (chosen) sel.value = chosen;
   $("members").replaceChildren(...v.members.map((m) => {
     const li = document.createElement("li");
     li.textContent = `${m.name || m.id}${m.id === v.me ? " (you)" : ""}`;
@@ -172,6 +172,14 @@ function drop(peerId) {
   peers.delete(peerId);
 }
 
+/** Drops `pc` if it is still the link to `peerId` (a newer one may have replaced it); says
+ * whether it did. */
+function dropIfCurrent(peerId, pc) {
+  if (peers.get(peerId) !== pc) return false;
+  drop(peerId);
+  return true;
+}
+
 /** A link to member `peerId` (its session `session`). The member whose id sorts first offers; a
  * link that fails, or whose signalling could not be sent (signals are not queued while the
  * socket is down), is dropped and offered again by the next `mesh()`. */
@@ -181,8 +189,7 @@ function peerConnection(peerId, initiator, session) {
   peers.set(peerId, pc);
   pc.onicecandidate = (e) => e.candidate && room.signal(peerId, { candidate: e.candidate.toJSON() });
   pc.onconnectionstatechange = () => {
-    if (pc.connectionState === "failed" && peers.get(peerId) === pc) {
-      drop(peerId);
+    if (pc.connectionState === "failed" && dropIfCurrent(peerId, pc)) {
       // Offered again after a pause: a pair that cannot connect at all (no TURN server on a
       // network that needs one) does not renegotiate back to back.
       setTimeout(() => room && mesh(), 10_000);
@@ -193,7 +200,7 @@ function peerConnection(peerId, initiator, session) {
     pc.createOffer()
       .then((o) => pc.setLocalDescription(o))
       .then(() => room.signal(peerId, { sdp: pc.localDescription.toJSON() }) || Promise.reject())
-      .catch(() => peers.get(peerId) === pc && drop(peerId));
+      .catch(() => dropIfCurrent(peerId, pc));
   } else {
     pc.ondatachannel = (e) => room.attachPeer(peerId, e.channel);
   }
@@ -209,7 +216,7 @@ async function onSignal({ from, fromSession, data }) {
     await pc.setRemoteDescription(data.sdp);
     if (data.sdp.type === "offer") {
       await pc.setLocalDescription(await pc.createAnswer());
-      if (!room.signal(from, { sdp: pc.localDescription.toJSON() }) && peers.get(from) === pc) drop(from);
+      if (!room.signal(from, { sdp: pc.localDescription.toJSON() })) dropIfCurrent(from, pc);
     }
   } else if (data.candidate && pc) {
     await pc.addIceCandidate(data.candidate).catch(() => {});
