@@ -243,7 +243,7 @@ export declare class Room {
    * through the server, which hands it to each of that member's sessions as a `signal` event
    * (`{ from, fromSession, data }`). Returns whether it went out: `false` while the socket is not
    * open (signals are not queued: send them again after `connection` says `live`), for a `to`
-   * that is not a valid participant id (a valid id of nobody in the room is sent, and dropped by
+   * that is not a valid participant id (or not a string) (a valid id of nobody in the room is sent, and dropped by
    * the server), or for data past the payload limits (60,416 bytes of JSON, 64
    * levels of nesting). Throws a `UsageError` (`BadArgument`) for data JSON cannot hold. */
   signal(to: string, data: unknown): boolean;

@@ -442,7 +442,8 @@ export class Room {
 
   /** Sends WebRTC signalling `data` to member `to` through the server. */
   signal(to, data) {
-    return this._driver.signal(String(to), toJson(data, () => new UsageError(ErrorCode.BadArgument, "signal data must be JSON")));
+    // (Not `String(to)`: `undefined` would be sent to a participant named "undefined".)
+    return this._driver.signal(id(to) ? to : "", toJson(data, () => new UsageError(ErrorCode.BadArgument, "signal data must be JSON")));
   }
 
   /** Leaves the room (a host is replaced at once) and stops reconnecting. */
@@ -677,9 +678,13 @@ export class Room {
         const body = await res.json();
         const keys = new Map();
         for (const k of body.keys ?? []) {
-          if (k.alg !== "Ed25519") continue;
-          keys.set(k.kid, await crypto.subtle.importKey("raw", b64urlDecode(k.x), { name: "Ed25519" }, false, ["verify"]));
+          // A key that does not import (malformed) leaves the others usable.
+          try {
+            if (k.alg === "Ed25519") keys.set(k.kid, await crypto.subtle.importKey("raw", b64urlDecode(k.x), "Ed25519", false, ["verify"]));
+          } catch {}
         }
+        // None usable (a browser without Ed25519 imports none): relays are unsupported.
+        if (!keys.size) throw Error("no keys");
         return keys;
       })();
       // After a first read fails, relays wait a minute before the keys are read again.
@@ -692,9 +697,13 @@ export class Room {
 
   async _onRelay(peerId, signed) {
     const report = (accepted, reason) => this._emit("relay", { peer: peerId, epoch: count(signed?.epoch) ? signed.epoch : undefined, accepted, reason });
+    // "unsigned" (or for another room) and "forged" (not verified) are errors too.
+    const refuse = (reason) => {
+      this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, `a relayed assignment was refused: ${reason}`));
+      report(false, reason);
+    };
     if (!signed || signed.room !== this.room || typeof signed.sig !== "string" || typeof signed.kid !== "string") {
-      this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment was unsigned or for another room"));
-      return report(false, "unsigned");
+      return refuse("unsigned");
     }
     let keys;
     try {
@@ -713,13 +722,10 @@ export class Room {
     let ok = false;
     if (key && bytes) {
       try {
-        ok = await crypto.subtle.verify({ name: "Ed25519" }, key, b64urlDecode(signed.sig), bytes);
+        ok = await crypto.subtle.verify("Ed25519", key, b64urlDecode(signed.sig), bytes);
       } catch {} // a malformed signature: not verified
     }
-    if (!ok) {
-      this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, "a relayed assignment failed signature verification"));
-      return report(false, "forged");
-    }
+    if (!ok) return refuse("forged");
     if (this._closed) return;
     // The checked fields only: whatever else the peer put in the object is not passed on (nor
     // serialised: a deeply nested extra field would make JSON.stringify throw).

@@ -93,6 +93,27 @@ test("connect refuses what it cannot use, and a room refuses what JSON cannot ho
   }
 });
 
+test("signal() sends to a participant id only: not to one made of undefined or a number", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const ws = NeverOpens.instance;
+  const sent = [];
+  ws.send = (m) => sent.push(JSON.parse(m));
+  ws.readyState = 1;
+  ws.onopen?.({});
+  try {
+    sent.length = 0; // the join
+    for (const to of [undefined, null, 7, { toString: () => "peer" }, "two words"]) {
+      assert.equal(room.signal(to, { sdp: "x" }), false, String(to));
+    }
+    assert.deepEqual(sent, []);
+    assert.equal(room.signal("peer", { sdp: "x" }), true);
+    assert.deepEqual(sent.map((m) => [m.t, m.to]), [["signal", "peer"]]);
+  } finally {
+    room.close();
+  }
+});
+
 /** Runs `f` with `Date.now` moved `ms` ahead, and puts the clock back however `f` ends. Only
  * for code that settles in microtasks: no timer of a room may run while the clock is moved. */
 async function clockAhead(ms, f) {
@@ -683,6 +704,40 @@ test("a relay signed with a key published since the keys were read is verified a
   }
   assert.deepEqual(reasons, ["stale", "stale", "forged", "stale", "stale", "forged", "forged", "stale"]);
   assert.equal(fetches, 2);
+});
+
+test("a malformed key among the server's keys leaves the others usable; none usable is as no Ed25519", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const http = await import("node:http");
+  const { subtle } = globalThis.crypto;
+  const key = await subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
+  const x = Buffer.from(await subtle.exportKey("raw", key.publicKey)).toString("base64url");
+  // Too short, not a string, not base64, another algorithm: none of these takes k1 with it.
+  const broken = [{ kid: "k0", alg: "Ed25519", x: "AAAA" }, { kid: "k2", alg: "Ed25519", x: 5 },
+    { kid: "k3", alg: "Ed25519", x: "!!" }, { kid: "k4", alg: "ES256", x }, null];
+  let keys = [...broken, { kid: "k1", alg: "Ed25519", x }];
+  const server = http.createServer((req, res) =>
+    res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys })));
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const keysUrl = `http://127.0.0.1:${server.address().port}/v1/keys`;
+  const relay = await signedRelay(key.privateKey, { room: "r", host: "p", session: "s", epoch: 7, seq: 7, lease_ms: 1000, reason: "elected", issued_at: 0, kid: "k1" });
+  const relays = [];
+  const errors = [];
+  try {
+    for (const published of [keys, broken]) {
+      keys = published;
+      const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl });
+      room.on("relay", (r) => relays.push(r.reason));
+      room.on("error", (e) => errors.push(e.code));
+      await room._onRelay("peer", relay);
+      room.close();
+    }
+  } finally {
+    server.close();
+  }
+  // Verified (before a first snapshot it is not adopted: "stale"); then no key usable.
+  assert.deepEqual(relays, ["stale", "unsupported"]);
+  assert.deepEqual(errors, ["RelayUnsupported"]);
 });
 
 test("where WebCrypto has no Ed25519, relays are ignored and one RelayUnsupported warning says so", async () => {

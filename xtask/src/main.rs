@@ -424,9 +424,10 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     let glue = minify::rename_in_glue(&glue, &minify::parse_report(&report)?, &bytes)?;
     eprintln!(
         "\n==> the glue's initSync, deprecated-parameter warning, encodeInto polyfill and \
-         Driver.free() dropped (unreachable from the wrapper)"
+         Driver.free() dropped (unreachable from the wrapper); its MIME-type warning shortened"
     );
     let glue = minify::drop_unreachable(&glue)?;
+    let glue = minify::shorten_warning(&glue)?;
     std::fs::write(&glue_path, glue).map_err(|e| format!("write {}: {e}", glue_path.display()))?;
     let zeroed = strip::zero_panic_text(&mut bytes)?;
     std::fs::write(&wasm, &bytes).map_err(|e| format!("write {}: {e}", wasm.display()))?;

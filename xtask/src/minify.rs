@@ -287,6 +287,21 @@ pub fn drop_unreachable(glue: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// wasm-bindgen's warning for a `.wasm` served without the `application/wasm` type (streaming
+/// compilation fails; the glue falls back to a slower `WebAssembly.instantiate`).
+const MIME_WARNING: &str = "console.warn(\"`WebAssembly.instantiateStreaming` failed because your server does not serve Wasm with `application/wasm` MIME type. Falling back to `WebAssembly.instantiate` which is slower. Original error:\\n\", e);";
+
+/// The glue with that warning said in fewer words (the same advice and the error, −52 bytes of
+/// brotli). A glue without it, as wasm-bindgen 0.2 writes it, is an error.
+pub fn shorten_warning(glue: &str) -> Result<String, String> {
+    replace_once(
+        glue,
+        MIME_WARNING,
+        "console.warn(\"hostlease: the .wasm is not served as application/wasm (a slower load):\", e);",
+    )
+    .ok_or_else(|| "wasm-bindgen's glue: not one warning about the .wasm's MIME type".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,6 +441,17 @@ const mem = () => wasm.memory.buffer; const driver_new = 1; const o = { memory: 
         ] {
             assert!(drop_unreachable(&bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_mime_type_warning_is_shortened_and_nothing_else() {
+        let glue = format!("if (a) {{\n    {MIME_WARNING}\n}} else {{ throw e; }}\n");
+        assert_eq!(
+            shorten_warning(&glue).unwrap(),
+            "if (a) {\n    console.warn(\"hostlease: the .wasm is not served as application/wasm (a slower load):\", e);\n} else { throw e; }\n"
+        );
+        assert!(shorten_warning(&glue.replace("is slower", "is slow")).is_err());
+        assert!(shorten_warning(&format!("{glue}{glue}")).is_err());
     }
 
     #[test]
