@@ -1168,11 +1168,11 @@ pub const LOG_TRIM_ROOMS: &str = "SELECT room, seq, closed FROM rooms WHERE room
      WHERE log.room = rooms.room))) ORDER BY room LIMIT 500";
 
 /// Housekeeping's deletes: `[idempotency, inbox, inbox_items, participants, outbox_delivered,
-/// outbox, log]`. Each deletes at most `PRUNE_BATCH` rows and finds them through an index (a test
+/// outbox_unclaimed, outbox, log, kicks]`. Each deletes at most `PRUNE_BATCH` rows and finds them through an index (a test
 /// reads their query plans): one statement over a whole table held the one writer, and with it
 /// every lease renewal queued behind, for seconds. `?1` is the retention in ms (for the log: the
 /// room, and `?2` the newest seq to delete).
-pub fn prune_sql() -> [String; 8] {
+pub fn prune_sql() -> [String; 9] {
     let aged = |table: &str, key: &str, column: &str, more: &str| {
         format!(
             "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} \
@@ -1213,6 +1213,8 @@ pub fn prune_sql() -> [String; 8] {
             "DELETE FROM log WHERE rowid IN (SELECT rowid FROM log WHERE room = ?1 AND seq <= ?2 \
              LIMIT {PRUNE_BATCH})"
         ),
+        // Kicks older than ?1 (bound: a day and an hour, see `KICK_RETENTION_MS`).
+        aged("kicks", "id", "created_at", ""),
     ]
 }
 
@@ -1647,10 +1649,12 @@ impl Store for SqliteStore {
     }
 
     async fn housekeeping(&self, keep_log: i64, webhook: bool) -> StoreResult<()> {
+        let [idempotency, inbox, inbox_items, participants, outbox_done, outbox_unclaimed, outbox, log, kicks] =
+            prune_sql();
         // A kick revokes the capabilities minted before it for as long as any of them can live:
         // deleted after an hour, a 24 h participant token from before it worked again.
-        let q = format!("DELETE FROM kicks WHERE created_at < {NOW} - {KICK_RETENTION_MS}");
-        sqlx::query(&q).execute(&self.writer).await?;
+        self.prune(|| sqlx::query(&kicks).bind(KICK_RETENTION_MS))
+            .await?;
         // Rows a process of the code before migration 0005 wrote (during a rolling upgrade)
         // carry 0: they count from now.
         for q in [
@@ -1659,8 +1663,6 @@ impl Store for SqliteStore {
         ] {
             sqlx::query(&q).execute(&self.writer).await?;
         }
-        let [idempotency, inbox, inbox_items, participants, outbox_done, outbox_unclaimed, outbox, log] =
-            prune_sql();
         for (q, keep) in [
             (idempotency, IDEMPOTENCY_RETENTION_MS),
             (inbox, self.inbox_retention_ms),
