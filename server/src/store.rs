@@ -435,7 +435,8 @@ pub struct SqliteStore {
     pub inbox_retention_ms: i64,
     /// ... and forgets participants not seen for this long ([`PARTICIPANT_RETENTION_MS`]).
     pub participant_retention_ms: i64,
-    /// Commands queued for the group committer at most ([`MAX_QUEUED_COMMANDS`]).
+    /// Commands and participant sightings queued for the group committer at most
+    /// ([`MAX_QUEUED_COMMANDS`]).
     pub max_queued_commands: usize,
 }
 
@@ -874,7 +875,9 @@ const GROUP_MAX: usize = 256;
 /// when the store falls behind, a command past it is answered `unavailable` (retry in 500 ms) at
 /// once instead of queueing. Sixteen full groups; each connection may send 50 a second, so
 /// without a bound a slow disk let the queue, and the memory it holds, grow without end.
-/// Renewals and first sightings are not counted: there is at most one of each per session.
+/// Sightings of participants (one at each join and each leave, which no session waits for) are
+/// counted too: one past the bound is not recorded (a stalled store queued one per join and per
+/// leave without end). Renewals are not: there is at most one per host session.
 pub const MAX_QUEUED_COMMANDS: usize = 16 * GROUP_MAX;
 
 /// The answer of a command refused because [`MAX_QUEUED_COMMANDS`] are waiting already.
@@ -905,11 +908,12 @@ enum Job {
         renewal: Renewal,
         reply: Reply<Option<Renewed>>,
     },
-    /// A participant seen for the first time (for the offline inbox).
+    /// A participant seen (for the offline inbox).
     Remember {
         room: RoomId,
         participant: ParticipantId,
         reply: Reply<()>,
+        _slot: Slot,
     },
 }
 
@@ -1059,6 +1063,7 @@ async fn run_group(
                 room,
                 participant,
                 reply,
+                ..
             } => {
                 let r = remember_in_tx(&mut tx, &room, &participant).await;
                 let keep = r.is_ok();
@@ -1536,12 +1541,15 @@ impl Store for SqliteStore {
         // Through the group committer: a reconnect storm's thousands of rejoins become a few
         // transactions whose `INSERT OR IGNORE`s of known participants write nothing (no fsync),
         // and they never queue on the readers that sessions and hub loads wait for.
+        let slot = self.group.slot(self.max_queued_commands);
+        let _slot = slot.ok_or_else(|| StoreError(STORE_BUSY.into()))?;
         let (room, participant) = (room.clone(), p.clone());
         self.group
             .submit(|reply| Job::Remember {
                 room,
                 participant,
                 reply,
+                _slot,
             })
             .await
     }

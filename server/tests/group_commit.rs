@@ -261,6 +261,49 @@ async fn a_command_past_the_queue_bound_is_refused_at_once() {
     assert_eq!(row.seq, Seq(6), "the refused command took no seq");
 }
 
+/// Sightings of participants (each join and leave makes one, and no session waits for it) count
+/// against the same bound as commands: while the committer cannot write, one past it is refused
+/// at once instead of queueing (they queued without end while the store stalled).
+#[tokio::test]
+async fn a_sighting_past_the_queue_bound_is_refused_at_once() {
+    let (dir, mut store) = temp_store().await;
+    store.max_queued_commands = 2;
+    let url = format!("sqlite://{}", dir.path().join("g.db").display());
+    let other = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let mut lock = other.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let room = RoomId::new("seen").unwrap();
+    let p = |s: &str| ParticipantId::new(s).unwrap();
+    let (a, b) = (p("a"), p("b"));
+    let mut queued = Box::pin(join_all([
+        store.remember_participant(&room, &a),
+        store.remember_participant(&room, &b),
+    ]));
+    assert!(futures_util::poll!(&mut queued).is_pending());
+    // (A bound on a hang without the fix only: the refusal does not wait.)
+    let over = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        store.remember_participant(&room, &p("c")),
+    )
+    .await
+    .expect("a sighting past the bound queued");
+    assert_eq!(over.unwrap_err().0, hostlease_server::store::STORE_BUSY);
+    sqlx::query("COMMIT").execute(&mut *lock).await.unwrap();
+    for r in queued.await {
+        r.unwrap();
+    }
+    store.remember_participant(&room, &p("d")).await.unwrap();
+    let seen: Vec<String> =
+        sqlx::query_scalar("SELECT participant FROM participants ORDER BY participant")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(seen, ["a", "b", "d"]);
+}
+
 /// A kick revokes the capabilities of the kicked participant's sessions begun before it, over
 /// either transport: a WebSocket session on another process than the kick's sent commands that
 /// were accepted until that process's next sweep closed it.
