@@ -182,12 +182,15 @@ function dropIfCurrent(peerId, pc) {
 
 /** A link to member `peerId` (its session `session`). The member whose id sorts first offers; a
  * link that fails, or whose signalling could not be sent (signals are not queued while the
- * socket is down), is dropped and offered again by the next `mesh()`. */
-function peerConnection(peerId, initiator, session) {
+ * socket is down), is dropped and offered again by the next `mesh()`. Every signal of a link
+ * carries its id (`link`, the offer's): an answer or a candidate of a link let go of that
+ * arrives late goes nowhere, not to the link made since. */
+function peerConnection(peerId, initiator, session, link = Math.random().toString(36).slice(2)) {
   const pc = new RTCPeerConnection({ iceServers: window.HOSTLEASE_ICE_SERVERS ?? [] });
   pc.session = session;
+  pc.link = link;
   peers.set(peerId, pc);
-  pc.onicecandidate = (e) => e.candidate && room.signal(peerId, { candidate: e.candidate.toJSON() });
+  pc.onicecandidate = (e) => e.candidate && room.signal(peerId, { link, candidate: e.candidate.toJSON() });
   pc.onconnectionstatechange = () => {
     if (pc.connectionState === "failed" && dropIfCurrent(peerId, pc)) {
       // Offered again after a pause: a pair that cannot connect at all (no TURN server on a
@@ -199,7 +202,7 @@ function peerConnection(peerId, initiator, session) {
     room.attachPeer(peerId, pc.createDataChannel("hostlease"));
     pc.createOffer()
       .then((o) => pc.setLocalDescription(o))
-      .then(() => room.signal(peerId, { sdp: pc.localDescription.toJSON() }) || Promise.reject())
+      .then(() => room.signal(peerId, { link, sdp: pc.localDescription.toJSON() }) || Promise.reject())
       .catch(() => dropIfCurrent(peerId, pc));
   } else {
     pc.ondatachannel = (e) => room.attachPeer(peerId, e.channel);
@@ -209,16 +212,19 @@ function peerConnection(peerId, initiator, session) {
 
 async function onSignal({ from, fromSession, data }) {
   let pc = peers.get(from);
-  if (data.sdp) {
+  if (typeof data?.link !== "string") return;
+  if (data.sdp?.type === "offer") {
     // An offer starts the link again (the other side reloaded, or dropped a failed link).
-    if (data.sdp.type === "offer" && pc) { drop(from); pc = null; }
-    if (!pc) pc = peerConnection(from, false, fromSession);
+    if (pc) drop(from);
+    pc = peerConnection(from, false, fromSession, data.link);
     await pc.setRemoteDescription(data.sdp);
-    if (data.sdp.type === "offer") {
-      await pc.setLocalDescription(await pc.createAnswer());
-      if (!room.signal(from, { sdp: pc.localDescription.toJSON() })) dropIfCurrent(from, pc);
-    }
-  } else if (data.candidate && pc) {
+    await pc.setLocalDescription(await pc.createAnswer());
+    if (!room.signal(from, { link: data.link, sdp: pc.localDescription.toJSON() })) dropIfCurrent(from, pc);
+  } else if (pc?.link !== data.link) {
+    // An answer or a candidate of a link let go of.
+  } else if (data.sdp) {
+    await pc.setRemoteDescription(data.sdp);
+  } else if (data.candidate) {
     await pc.addIceCandidate(data.candidate).catch(() => {});
   }
 }

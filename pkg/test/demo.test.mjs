@@ -566,6 +566,30 @@ test("a reloaded page gets its WebRTC links back; payloads the app does not send
   assert.equal((await view(c)).me, c.id, "the same participant (the tab keeps its id)");
   await meshed(all);
 
+  // An answer or a candidate of a link let go of (it arrives late, after a reconnect) goes to no
+  // link: the one made since would take an answer to an offer it did not make.
+  await c.page.evaluate(() => {
+    const spied = (window.spied = { calls: 0, signals: 0 });
+    for (const f of ["setRemoteDescription", "addIceCandidate"]) {
+      const real = RTCPeerConnection.prototype[f];
+      RTCPeerConnection.prototype[f] = function (...args) {
+        spied.calls++;
+        return real.apply(this, args);
+      };
+    }
+    window.demo.room.on("signal", () => spied.signals++);
+  });
+  const stale = await a.page.evaluate((to) => {
+    const sdp = { type: "answer", sdp: [...window.demo.peers.values()][0].localDescription.sdp };
+    const candidate = { candidate: "candidate:1 1 udp 1 127.0.0.1 9 typ host", sdpMid: "0" };
+    return [{ link: "gone", sdp }, { link: "gone", candidate }, { sdp }, { candidate }]
+      .map((data) => window.demo.room.signal(to, data));
+  }, c.id);
+  assert.deepEqual(stale, [true, true, true, true]);
+  await until("carol got the four signals", async () => (await c.page.evaluate(() => window.spied.signals)) === 4);
+  assert.equal(await c.page.evaluate(() => window.spied.calls), 0, "a stale signal reached a link");
+  await meshed(all);
+
   // The server checks no payload shapes: a poll without options and a vote without a poll are
   // committed like any other, and every page must go on.
   await a.page.evaluate(() => window.demo.room.command("poll.open", { question: 1 }));
