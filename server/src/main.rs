@@ -279,8 +279,16 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     // The webhook, the admin key and the limits too: before the keys are read or anything is
     // created.
     cfg.check()?;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // The WebSocket library logs every frame it reads or writes in full at `trace` (a hello's
+    // join token, every command's capability): it is held at `debug` whatever RUST_LOG says, so
+    // that no token reaches a log.
+    let filter = ["tungstenite=debug", "tokio_tungstenite=debug"]
+        .into_iter()
+        .fold(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            |f, d| f.add_directive(d.parse().expect("a directive")),
+        );
     if a.log_json {
         tracing_subscriber::fmt()
             .with_env_filter(filter)

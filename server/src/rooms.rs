@@ -803,22 +803,7 @@ impl App {
             own.insert(id);
             Self::remove_kicked(hub, p)
         };
-        // A host whose connection is gone while its lease runs is a member of no process: it
-        // is replaced all the same when a member here can take over (the room named it host
-        // until the lease lapsed, up to a day with an admin TTL). The successor is fenced until
-        // then, as for every forced grant: the old host's client may not know yet. With no
-        // member here, it is left to the process that may hold it (which applies the kick on
-        // its next sweep) or to the lease's lapse; the kick revokes its capabilities meanwhile.
-        // `replace_host` decides against the stored session. (Unreadable: left to the sweep.)
-        let mut replaced = sessions.clone();
-        if let Ok(Some(row)) = self.store.room(&hub.id).await {
-            replaced.extend(row.session.filter(|s| {
-                row.host.as_ref() == Some(p)
-                    && !sessions.contains(s)
-                    && hub.next_holder(Some(s)).is_some()
-            }));
-        }
-        self.replace_kicked(hub, &replaced).await;
+        self.replace_kicked(hub, p, &sessions).await;
         Ok(sessions.len())
     }
 
@@ -826,7 +811,7 @@ impl App {
     /// many sessions were kicked here.
     pub async fn kick_here(&self, hub: &Arc<Room>, p: &ParticipantId) -> usize {
         let sessions = Self::remove_kicked(hub, p);
-        self.replace_kicked(hub, &sessions).await;
+        self.replace_kicked(hub, p, &sessions).await;
         sessions.len()
     }
 
@@ -852,9 +837,26 @@ impl App {
     }
 
     /// A kicked host is replaced at once.
-    async fn replace_kicked(&self, hub: &Arc<Room>, sessions: &[SessionId]) {
+    /// Replaces `p` as host after a kick: its `sessions` closed here, and the session the room
+    /// names if it is `p`'s and not among them. A host whose connection is gone while its lease
+    /// runs is a member of no process: it is replaced all the same when a member here can take
+    /// over (the room named it host until the lease lapsed, up to a day with an admin TTL), by
+    /// the process kicking or by one that applies the kick on its next sweep (with the kick made
+    /// through a process holding none of the members, no one replaced it). The successor is
+    /// fenced until then, as for every forced grant: the old host's client may not know yet.
+    /// `replace_host` decides against the stored session (a host connected to another process
+    /// is replaced once, there or here). (Unreadable: left to the sweep.)
+    async fn replace_kicked(&self, hub: &Arc<Room>, p: &ParticipantId, sessions: &[SessionId]) {
+        let mut sessions = sessions.to_vec();
+        if let Ok(Some(row)) = self.store.room(&hub.id).await {
+            sessions.extend(row.session.filter(|s| {
+                row.host.as_ref() == Some(p)
+                    && !sessions.contains(s)
+                    && hub.next_holder(Some(s)).is_some()
+            }));
+        }
         let correlation = correlation_id();
-        for s in sessions {
+        for s in &sessions {
             if let Err(e) = self
                 .replace_host(hub, s, Reason::Kicked, &correlation)
                 .await

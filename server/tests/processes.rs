@@ -382,6 +382,80 @@ async fn a_kick_through_one_process_reaches_the_other() {
     assert_eq!(a.host.as_ref().map(|h| h.as_str()), Some("bob"));
 }
 
+/// A host whose connection is gone, kicked through a process holding none of the room's members:
+/// it is replaced by a member of the process that applies the kick on its next sweep. The kicking
+/// process left it to that one, which replaced only the sessions it closed (none of a host
+/// already gone): the room named the kicked host until its lease lapsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_gone_and_kicked_through_a_process_without_members_is_replaced() {
+    let (_dir, key, p1, p2) = two_processes();
+    let mut alice = Raw::join(p2.addr, "kg", &join_token(&key, "kg", "alice", true), None).await;
+    alice.until_host().await;
+    let mut bob = Raw::join(p2.addr, "kg", &join_token(&key, "kg", "bob", true), None).await;
+    bob.until_capability().await;
+    // The connection drops without a close: the lease (a minute) is left to run out.
+    drop(alice);
+    let alice_left = |m: &ServerMsg| match m {
+        ServerMsg::Presence {
+            member,
+            online: false,
+        } => member.id.as_str() == "alice",
+        ServerMsg::PresenceBatch { left, .. } => left.iter().any(|m| m.id.as_str() == "alice"),
+        _ => false,
+    };
+    bob.until(|m| alice_left(m).then_some(())).await;
+    assert_eq!(kick(p1.addr, "kg", "alice").await, 0);
+    let a = bob
+        .until(|m| match m {
+            ServerMsg::Assignment(s)
+                if s.assignment.host.as_ref().map(|h| h.as_str()) == Some("bob") =>
+            {
+                Some(s.assignment.clone())
+            }
+            _ => None,
+        })
+        .await;
+    assert_eq!(a.reason, Reason::Kicked, "{a:?}");
+}
+
+/// No token reaches the log at `RUST_LOG=trace` either: the WebSocket library logs every frame it
+/// reads in full at that level (a hello's join token, a command's capability).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_is_logged_at_trace_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = app_key_file(dir.path());
+    let db = format!("sqlite://{}", dir.path().join("tr.db").display());
+    let p = spawn_proc_logging(&db, dir.path(), "p1", 60_000, &[], "trace");
+    let token = join_token(&key, "tr", "alice", true);
+    let mut alice = Raw::join(p.addr, "tr", &token, None).await;
+    alice.until_host().await;
+    let (epoch, host_token) = alice
+        .seen
+        .iter()
+        .find_map(|m| match m {
+            ServerMsg::Capability {
+                role: Role::Host,
+                epoch,
+                token,
+                ..
+            } => Some((*epoch, token.clone())),
+            _ => None,
+        })
+        .unwrap();
+    alice.send_resign(epoch, host_token.clone()).await;
+    alice
+        .until(|m| matches!(m, ServerMsg::CommandResult { .. }).then_some(()))
+        .await;
+    let log = p.log.clone();
+    drop(p);
+    let log = std::fs::read_to_string(log).unwrap();
+    // (RUST_LOG is honoured: the store's queries are logged at debug.)
+    assert!(log.contains(" DEBUG sqlx::query"), "RUST_LOG not honoured");
+    for t in [token.expose(), host_token.expose(), "hlj1.", "hlc1."] {
+        assert!(!log.contains(t), "a token in the log: {t:.8}");
+    }
+}
+
 /// A host that resigns and drops its connection at once (before the answer can reach it): the
 /// resignation is committed by the store all the same, and the server still writes its one
 /// reassignment log line (it was lost with the connection's task).

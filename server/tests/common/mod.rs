@@ -498,6 +498,18 @@ pub fn spawn_proc(
     lease_ms: u64,
     extra: &[&str],
 ) -> Proc {
+    spawn_proc_logging(db, dir, name, lease_ms, extra, "debug")
+}
+
+/// [`spawn_proc`] with `RUST_LOG` set to `rust_log`.
+pub fn spawn_proc_logging(
+    db: &str,
+    dir: &std::path::Path,
+    name: &str,
+    lease_ms: u64,
+    extra: &[&str],
+    rust_log: &str,
+) -> Proc {
     let log = dir.join(format!("{name}.log"));
     let logf = std::fs::File::create(&log).expect("log file");
     let mut child = Command::new(env!("CARGO_BIN_EXE_hostlease-server"))
@@ -523,7 +535,7 @@ pub fn spawn_proc(
             &["--sweep-ms", "20"][..]
         })
         .args(extra)
-        .env("RUST_LOG", "debug")
+        .env("RUST_LOG", rust_log)
         .stdout(Stdio::piped())
         .stderr(logf)
         .spawn()
