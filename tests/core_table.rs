@@ -1066,6 +1066,25 @@ fn voted() -> (HostView, IdempotencyKey) {
     (v, key)
 }
 
+/// [`voted`], then sent once more (no answer came in time): two attempts out, and the time (ms)
+/// of the second.
+fn resent_once() -> (HostView, IdempotencyKey, u64) {
+    let (mut v, key) = voted();
+    loop {
+        let due = v.poll_timeout().expect("a deadline");
+        v.handle_timeout(due);
+        let (t, _) = drain(&mut v);
+        let sent = t
+            .iter()
+            .filter(|m| matches!(m, ClientMsg::Command { .. }))
+            .count();
+        if sent > 0 {
+            assert_eq!(sent, 1);
+            return (v, key, due.ms_since(at(0)));
+        }
+    }
+}
+
 /// The server's refusal `rate_limited`, to retry in `ms`.
 fn rate_limited(ms: u64) -> Outcome {
     Outcome::Rejected {
@@ -1346,10 +1365,15 @@ fn a_retry_time_past_a_minute_fails_the_command_now() {
         );
         assert_eq!(v.pending().count(), 0, "{wait}");
     }
-    // The same answer to a resend (the first attempt's result lost to a timeout): that attempt
+    // The same answer to a resend (the first attempt's answer came too late): that attempt
     // may have been applied, the rate limit being checked before the key is looked up.
-    let (mut v, key) = vote_resent(60_000);
-    let ev = result(&mut v, 60_001, &key, rate_limited(u64::MAX));
+    let (mut v, key, ms) = resent_once();
+    let ev = result(&mut v, ms + 1, &key, rate_limited(u64::MAX));
+    assert!(
+        !ev.iter().any(|e| matches!(e, Event::CommandFailed { .. })),
+        "{ev:?}"
+    );
+    let ev = result(&mut v, ms + 2, &key, rate_limited(u64::MAX));
     assert!(
         ev.iter().any(|e| matches!(e, Event::CommandFailed { id, error: CommandError::Interrupted } if id == &key)),
         "{ev:?}"
@@ -1465,6 +1489,49 @@ fn leave_fails_pending_commands_and_closes() {
         v.command(at(22), action("vote"), js(json!(1)), None),
         Err(CommandError::Closed)
     );
+}
+
+/// A command resent once (no answer came in time), then the first attempt's refusal: while the
+/// resend is out, that refusal decides nothing (the resend may be applied: a token refreshed in
+/// between, a transfer's member back); the resend's answer decides. Taken as final, the refusal
+/// failed the command, and the resend's acceptance was then dropped as not ours: the app was told
+/// an applied command failed.
+#[test]
+fn the_answer_to_an_earlier_attempt_decides_nothing_while_a_later_one_is_out() {
+    let failed = |ev: &[Event]| {
+        ev.iter().find_map(|e| match e {
+            Event::CommandFailed { error, .. } => Some(*error),
+            _ => None,
+        })
+    };
+    // Alone, the refusal fails the command.
+    let (mut v, key) = voted();
+    let alone = failed(&result(
+        &mut v,
+        21,
+        &key,
+        rejected(RejectCode::BadCapability),
+    ));
+    assert!(alone.is_some());
+    for (second, want) in [
+        (Outcome::Accepted { seq: Seq(3) }, None),
+        (rejected(RejectCode::BadCapability), alone),
+    ] {
+        let (mut v, key, ms) = resent_once();
+        let ev = result(&mut v, ms + 1, &key, rejected(RejectCode::BadCapability));
+        assert_eq!(failed(&ev), None, "{ev:?}");
+        let accepted = matches!(second, Outcome::Accepted { .. });
+        let ev = result(&mut v, ms + 2, &key, second);
+        assert_eq!(failed(&ev), want, "{ev:?}");
+        assert_eq!(
+            ev.contains(&Event::CommandAccepted {
+                id: key,
+                seq: Seq(3)
+            }),
+            accepted,
+            "{ev:?}"
+        );
+    }
 }
 
 /// Left while the hello was still unanswered: no deadline is left behind (the driver would

@@ -242,6 +242,9 @@ struct PendingCommand {
     /// For host commands: the epoch they were made in. They die with it.
     epoch: Option<Epoch>,
     attempts: u32,
+    /// Attempts sent on this connection and not answered yet (answers come in the order the
+    /// attempts went): while a later one is out, the answer to an earlier one decides nothing.
+    out: u32,
     /// When it was made: no attempt goes [`RESEND_WINDOW_MS`] after, once one went (the first
     /// attempt went then or later, so this errs early).
     made_at: Instant,
@@ -576,6 +579,7 @@ impl HostView {
             ) {
                 c.state = CmdState::Unknown;
             }
+            c.out = 0; // their answers went with the connection
             i += 1;
         }
         self.set_phase(Phase::Offline);
@@ -1190,12 +1194,19 @@ impl HostView {
                 current,
                 retry_after_ms,
             } => {
+                // An attempt resent since (no answer came in time) is still out: its answer
+                // decides, as this one may have been refused where that one is applied (a
+                // transfer to a member back in between, a token refreshed). What the refusal
+                // carries is taken all the same.
+                let c = &mut self.commands[i];
+                c.out = c.out.saturating_sub(1);
+                let later = c.out > 0;
                 // A retryable refusal leaves the command to go again: no longer in flight, a
                 // newer epoch this brings fails a host command of an older one now (it was
                 // resent into an epoch that is over, and failed `Interrupted`). Any other answer
                 // decides the command itself, below.
-                if code.is_retryable() {
-                    self.commands[i].state = CmdState::Backoff { until: now };
+                if code.is_retryable() && !later {
+                    c.state = CmdState::Backoff { until: now };
                 }
                 if let Some(a) = current {
                     self.adopt(a, Source::Server);
@@ -1204,8 +1215,13 @@ impl HostView {
                     // Our view was behind the server's: reload the authoritative state.
                     self.request_resync(now, false);
                 }
-                let Some(i) = self.commands.iter().position(|c| c.id == id) else {
-                    return; // adopting the newer assignment already failed it
+                let Some(i) = self
+                    .commands
+                    .iter()
+                    .position(|c| c.id == id)
+                    .filter(|_| !later)
+                else {
+                    return; // adopting the newer assignment already failed it, or a later answer decides
                 };
                 // A retry time past a minute (a room's byte budget far behind, or a hostile
                 // server's u64::MAX) is the app's to decide: the command fails with the
@@ -1320,6 +1336,7 @@ impl HostView {
             kind,
             epoch,
             attempts: 0,
+            out: 0,
             made_at: now,
             state: CmdState::Queued,
         });
@@ -1477,6 +1494,7 @@ impl HostView {
         let jitter = self.config.retry.delay_ms(c.attempts, &mut self.rng);
         let c = &mut self.commands[i];
         c.attempts += 1;
+        c.out += 1;
         c.state = CmdState::InFlight {
             resend_at: now.add_ms(self.config.command_timeout_ms + jitter),
         };
