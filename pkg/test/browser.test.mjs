@@ -320,7 +320,7 @@ test("a reconnect resyncs: events made while cut off are applied once, in order"
   await closeAll(a, b);
 });
 
-test("a page shown again, or a network change, marks the lease unknown and resyncs; a page going hidden, or a first load's pageshow, does not", async () => {
+test("a page shown again, one hidden into the back-forward cache (pagehide), or a network change, marks the lease unknown and resyncs; a page going hidden, or a first load's pageshow, does not", async () => {
   const room = newRoom();
   const a = await member(room, "alice", { webrtc: false });
   await amHost(a);
@@ -339,7 +339,8 @@ test("a page shown again, or a network change, marks the lease unknown and resyn
   });
   assert.deepEqual(hiddenThenShown, ["held", "live", "unknown", "resyncing", false]);
   // (The page was hidden above: its next pageshow is a return, as from the back-forward cache.)
-  for (const type of ["pageshow", "offline", "online"]) {
+  // (A pagehide does not take that: the page is not back yet.)
+  for (const type of ["pagehide", "pageshow", "offline", "online"]) {
     // The resync answers and a lease probe confirms the lease again before the next one.
     await amHost(a);
     const after = await a.page.evaluate((type) => {

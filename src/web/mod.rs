@@ -580,6 +580,7 @@ impl State {
         };
         let targets: Vec<(web_sys::EventTarget, &'static str)> = {
             let mut t: Vec<(web_sys::EventTarget, &'static str)> = vec![
+                (window.clone().into(), "pagehide"),
                 (window.clone().into(), "pageshow"),
                 (window.clone().into(), "online"),
                 (window.clone().into(), "offline"),
@@ -595,6 +596,10 @@ impl State {
                 let Some(rc) = w.upgrade() else { return };
                 // Becoming hidden changes nothing yet; coming back (and `pageshow`, `online`,
                 // `offline`) means timers were throttled or frozen: the lease cannot be trusted.
+                // Nor from a `pagehide`: the page is unloaded or frozen in the back-forward
+                // cache (whose browser may close the socket, which the server takes for the
+                // page leaving: a successor is granted at once), so that, brought back, it
+                // reads as no host until the resync, whatever runs before `pageshow` is seen.
                 // A `pageshow` is a return only after the page was hidden (the back-forward
                 // cache hides it first): the one after a first load, which may come after the
                 // tab went live as host, is not.
