@@ -104,7 +104,8 @@ export interface HostView {
   lease: LeaseState;
   /** Shown while the server is unreachable; has no authority. */
   provisional: string | null;
-  members: Member[];
+  /** In election order. The view is shared (the same object until it changes): read-only. */
+  readonly members: readonly Member[];
   cursor: number;
   actions: { host: string[]; participant: string[] };
   pending: PendingCommand[];
@@ -134,7 +135,8 @@ export interface EventMap {
   /** `null`: no provisional coordinator (live again, or offline with no reachable member that
    * may host: `connection` says which). */
   provisional: { coordinator: string | null };
-  members: { members: Member[] };
+  /** `members` is the view's own list: read-only. */
+  members: { members: readonly Member[] };
   event: RoomEventRecord;
   discontinuity: { from: number; to: number };
   /** `closed` is the last event a room delivers, but for pending commands' outcomes (and the
@@ -173,7 +175,7 @@ export type ConnectOptions = ConnectOptionsBase & (
     getToken?: undefined;
   }
   | {
-    token?: string;
+    token?: string | undefined;
     /** Called for the first connection's join token, 30 s ahead of `expiresAt` (half way for a
      * token of a minute or less, and never sooner than 10 s after the last answer: give tokens
      * at least 20 s), and when the server refuses the token it has; a token without
@@ -221,8 +223,8 @@ export declare class Room {
    * is sent after the resync. */
   command(action: string, payload?: unknown): Promise<{ id: string; seq: number }>;
   /** Tags a message of the host with its epoch; throws a `CommandError` (`NotHost`, or
-   * `NotAuthoritative` while the lease is not held or the room is not live, as for a host
-   * command) when this tab may not act as host. */
+   * `NotAuthoritative` while the lease is not held or the room is not live; a host command says
+   * why more finely: `LeaseExpired`, `NoCapability`, ...) when this tab may not act as host. */
   stamp<T>(body: T): Stamped<T>;
   /** The body of a message `peerId` stamped (stamp a non-null body: a `null` one cannot be told
    * from a refusal), or `null`: from an older epoch than this tab has

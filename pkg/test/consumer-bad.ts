@@ -5,6 +5,8 @@ export async function bad() {
   const room = await connect({ url: "wss://example.test", room: "lunch", token: "t" });
   room.on("host", ({ nosuchfield }) => nosuchfield);
   const n: string = room.view.epoch;
+  // The view is shared, the same object until it changes: its member list is read-only.
+  room.view.members.push(room.view.members[0]!);
   return n;
 }
 

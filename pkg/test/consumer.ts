@@ -12,6 +12,9 @@ export async function main(channel: RTCDataChannel): Promise<number | null> {
   // A backend's answer whose expiry is unknown (as the runtime takes it).
   const expiry: number | undefined = undefined;
   await connect({ url: "wss://example.test", room: "lunch", getToken: () => ({ token: "t", expiresAt: expiry }) });
+  // Options passed on as they came (a `token` that may be undefined, beside `getToken`).
+  const passed: string | undefined = undefined;
+  await connect({ url: "wss://example.test", room: "lunch", token: passed, getToken: () => "t" });
   room.attachPeer("peer-1", channel);
   const view: HostView = room.view;
   const missed: InboxPage = await fetchInbox({ url: "wss://example.test", room: "lunch", token: "t", since: 0 });
