@@ -23,6 +23,19 @@ async fn temp_store() -> (tempfile::TempDir, SqliteStore) {
     (dir, store)
 }
 
+/// Another connection to [`temp_store`]'s file holding its write lock (`BEGIN IMMEDIATE`) until
+/// `COMMIT` is sent on it: the store's committer cannot write meanwhile.
+async fn write_lock(dir: &tempfile::TempDir) -> sqlx::pool::PoolConnection<sqlx::Sqlite> {
+    let url = format!("sqlite://{}", dir.path().join("g.db").display());
+    let other = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let mut lock = other.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    lock
+}
+
 /// Grants `room` to `holder` over `epoch` (an election), which must win.
 async fn grant_won(
     store: &SqliteStore,
@@ -228,13 +241,7 @@ async fn a_command_past_the_queue_bound_is_refused_at_once() {
     store.max_queued_commands = 4;
     let keys = Keypair::generate("k1");
     let (room, claims) = hosted(&store, &keys).await;
-    let url = format!("sqlite://{}", dir.path().join("g.db").display());
-    let other = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let mut lock = other.acquire().await.unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let mut lock = write_lock(&dir).await;
 
     let queued: Vec<_> = (0..4)
         .map(|i| store.command(host_command(&claims, &format!("q{i}"), i), &keys))
@@ -268,13 +275,7 @@ async fn a_command_past_the_queue_bound_is_refused_at_once() {
 async fn a_sighting_past_the_queue_bound_is_refused_at_once() {
     let (dir, mut store) = temp_store().await;
     store.max_queued_commands = 2;
-    let url = format!("sqlite://{}", dir.path().join("g.db").display());
-    let other = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let mut lock = other.acquire().await.unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let mut lock = write_lock(&dir).await;
     let room = RoomId::new("seen").unwrap();
     let p = |s: &str| ParticipantId::new(s).unwrap();
     let (a, b) = (p("a"), p("b"));

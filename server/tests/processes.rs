@@ -429,19 +429,7 @@ async fn no_token_is_logged_at_trace_level() {
     let token = join_token(&key, "tr", "alice", true);
     let mut alice = Raw::join(p.addr, "tr", &token, None).await;
     alice.until_host().await;
-    let (epoch, host_token) = alice
-        .seen
-        .iter()
-        .find_map(|m| match m {
-            ServerMsg::Capability {
-                role: Role::Host,
-                epoch,
-                token,
-                ..
-            } => Some((*epoch, token.clone())),
-            _ => None,
-        })
-        .unwrap();
+    let (epoch, host_token) = alice.host_capability().expect("a host capability");
     alice.send_resign(epoch, host_token.clone()).await;
     alice
         .until(|m| matches!(m, ServerMsg::CommandResult { .. }).then_some(()))
@@ -468,19 +456,7 @@ async fn a_resign_whose_connection_drops_at_once_is_still_logged() {
     let p = spawn_proc(&db, dir.path(), "p1", 60_000, &[]);
     let mut alice = Raw::join(p.addr, "rs", &join_token(&key, "rs", "alice", true), None).await;
     alice.until_host().await;
-    let (epoch, host_token) = alice
-        .seen
-        .iter()
-        .find_map(|m| match m {
-            ServerMsg::Capability {
-                role: Role::Host,
-                epoch,
-                token,
-                ..
-            } => Some((*epoch, token.clone())),
-            _ => None,
-        })
-        .unwrap();
+    let (epoch, host_token) = alice.host_capability().expect("a host capability");
     let mut bob = Raw::join(p.addr, "rs", &join_token(&key, "rs", "bob", true), None).await;
     bob.until_capability().await;
     alice.send_resign(epoch, host_token).await;
