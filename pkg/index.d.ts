@@ -135,8 +135,8 @@ export interface EventMap {
   /** `null`: no provisional coordinator (live again, or offline with no reachable member that
    * may host: `connection` says which). */
   provisional: { coordinator: string | null };
-  /** `members` is the view's own list: read-only. */
-  members: { members: readonly Member[] };
+  /** A copy of the view's list, the listener's own. */
+  members: { members: Member[] };
   event: RoomEventRecord;
   discontinuity: { from: number; to: number };
   /** `closed` is the last event a room delivers, but for pending commands' outcomes (and the

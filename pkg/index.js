@@ -46,10 +46,10 @@ for (const [name, c] of Object.entries({ HostleaseError, UsageError, CommandErro
 const COMMAND_MESSAGES = {
   NotHost: "this session is not the host",
   NotAuthoritative: "the server is unreachable or resyncing",
-  LeaseExpired: "the host lease has expired locally",
+  LeaseExpired: "the host lease expired locally",
   NoCapability: "no capability token for this action",
   StaleEpoch: "the host epoch changed; the command was not applied",
-  IdempotencyConflict: "the idempotency key was used for a different request",
+  IdempotencyConflict: "the idempotency key was used for another request",
   UnknownAction: "the action is not in the room's action table",
   BadPayload: "the payload is not JSON or too large",
   QueueFull: "too many commands queued or in flight",
@@ -592,7 +592,8 @@ export class Room {
         break;
       }
       case "members":
-        e = { members: this.view.members };
+        // A copy: the view's own list is shared by every reader of `room.view`.
+        e = { members: [...this.view.members] };
         break;
       case "event":
         e = e.event;

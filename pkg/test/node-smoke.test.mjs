@@ -114,6 +114,27 @@ test("signal() sends to a participant id only: not to one made of undefined or a
   }
 });
 
+test("a members listener gets a list of its own: reordering it leaves room.view alone", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const ws = NeverOpens.instance;
+  const heard = [];
+  room.on("members", ({ members }) => heard.push(members.reverse().map((m) => m.id)));
+  ws.readyState = 1;
+  ws.onopen?.({});
+  const member = (id, join_seq) => ({ id, session: `${id}-s`, join_seq, may_host: true, name: id });
+  ws.onmessage({ data: JSON.stringify({ v: 1, t: "welcome", you: "me", session: "me-s", missed: [],
+    snapshot: { room: "r", current: { room: "r", host: null, session: null, epoch: 0, seq: 0, lease_ms: 5000, reason: "elected", issued_at: 0 },
+      members: [member("me", 1), member("b", 2)], seq: 0, server_time: 0,
+      actions: { host: [], participant: ["vote"] } } }) });
+  try {
+    assert.deepEqual(heard, [["b", "me"]]);
+    assert.deepEqual(room.view.members.map((m) => m.id), ["me", "b"], "the view's list was reordered");
+  } finally {
+    room.close();
+  }
+});
+
 /** Runs `f` with `Date.now` moved `ms` ahead, and puts the clock back however `f` ends. Only
  * for code that settles in microtasks: no timer of a room may run while the clock is moved. */
 async function clockAhead(ms, f) {
