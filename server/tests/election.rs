@@ -523,13 +523,7 @@ async fn a_successor_who_left_before_the_resignation_committed_is_replaced_at_on
         .until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
         .await;
     // Another connection holds the database's write lock: the resignation waits to commit.
-    let url = format!("sqlite://{}", srv.dir.path().join("h.db").display());
-    let other = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let mut lock = other.acquire().await.unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let mut lock = write_lock(&srv.dir.path().join("h.db")).await;
     let (epoch, token) = alice.host_capability().expect("a host capability");
     alice.send_resign(epoch, token).await;
     // Queued (bob chosen, first in join order after alice); then bob leaves.

@@ -1,6 +1,9 @@
 //! Group commit: commands and lease renewals queued together commit in one transaction, each
 //! checked against the rows as the decisions before it left them; rejected ones change nothing.
 
+mod common;
+
+use common::write_lock;
 use futures_util::future::join_all;
 use hostlease::protocol::{
     Action, ActionKind, Epoch, IdempotencyKey, Item, Outcome, ParticipantId, Reason, RejectCode,
@@ -21,19 +24,6 @@ async fn temp_store() -> (tempfile::TempDir, SqliteStore) {
     let url = format!("sqlite://{}", dir.path().join("g.db").display());
     let store = SqliteStore::open(&url).await.unwrap();
     (dir, store)
-}
-
-/// Another connection to [`temp_store`]'s file holding its write lock (`BEGIN IMMEDIATE`) until
-/// `COMMIT` is sent on it: the store's committer cannot write meanwhile.
-async fn write_lock(dir: &tempfile::TempDir) -> sqlx::pool::PoolConnection<sqlx::Sqlite> {
-    let url = format!("sqlite://{}", dir.path().join("g.db").display());
-    let other = sqlx::SqlitePool::connect(&url).await.unwrap();
-    let mut lock = other.acquire().await.unwrap();
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
-    lock
 }
 
 /// Grants `room` to `holder` over `epoch` (an election), which must win.
@@ -241,7 +231,7 @@ async fn a_command_past_the_queue_bound_is_refused_at_once() {
     store.max_queued_commands = 4;
     let keys = Keypair::generate("k1");
     let (room, claims) = hosted(&store, &keys).await;
-    let mut lock = write_lock(&dir).await;
+    let mut lock = write_lock(&dir.path().join("g.db")).await;
 
     let queued: Vec<_> = (0..4)
         .map(|i| store.command(host_command(&claims, &format!("q{i}"), i), &keys))
@@ -275,7 +265,7 @@ async fn a_command_past_the_queue_bound_is_refused_at_once() {
 async fn a_sighting_past_the_queue_bound_is_refused_at_once() {
     let (dir, mut store) = temp_store().await;
     store.max_queued_commands = 2;
-    let mut lock = write_lock(&dir).await;
+    let mut lock = write_lock(&dir.path().join("g.db")).await;
     let room = RoomId::new("seen").unwrap();
     let p = |s: &str| ParticipantId::new(s).unwrap();
     let (a, b) = (p("a"), p("b"));

@@ -561,6 +561,19 @@ pub fn spawn_proc_logging(
     Proc { child, addr, log }
 }
 
+/// Another connection to the SQLite file at `db` holding its write lock (`BEGIN IMMEDIATE`) until
+/// `COMMIT` is sent on it: the store's writer cannot commit meanwhile.
+pub async fn write_lock(db: &std::path::Path) -> sqlx::pool::PoolConnection<sqlx::Sqlite> {
+    let url = format!("sqlite://{}", db.display());
+    let other = sqlx::SqlitePool::connect(&url).await.unwrap();
+    let mut lock = other.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    lock
+}
+
 /// Creates the app key file the child processes verify join tokens with.
 pub fn app_key_file(dir: &std::path::Path) -> Keypair {
     let p = dir.join("app-key.json");
