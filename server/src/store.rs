@@ -329,6 +329,8 @@ pub trait Store: Send + Sync + 'static {
     /// sent it too.
     async fn webhook_result(&self, d: &Delivery, delivered: bool, retry_ms: u64)
         -> StoreResult<()>;
+    /// Records that `p` was in `room` now (for its offline inbox). Past the queue's bound the
+    /// sighting is left out and counted (`hostlease_participants_not_recorded_total`), not an error.
     async fn remember_participant(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<()>;
     /// A page of `p`'s inbox after the cursor `since`, oldest first: at most `limit` entries and
     /// `max_bytes` of their stored JSON (one entry at least), and the cursor to read on from
@@ -972,10 +974,14 @@ impl GroupCommit {
         }
     }
 
-    /// A place for one more command in the queue, if fewer than `max` wait.
-    fn slot(&self, max: usize) -> Option<Slot> {
+    /// A place for one more command in the queue, if fewer than `max` wait; a refusal is
+    /// counted in the metric `busy` names (not logged each time).
+    fn slot(&self, max: usize, busy: &'static str) -> Option<Slot> {
         let taken = self.commands.fetch_add(1, Ordering::Relaxed);
         let slot = Slot(self.commands.clone());
+        if taken >= max {
+            metrics::counter!(busy).increment(1);
+        }
         (taken < max).then_some(slot)
     }
 
@@ -1314,8 +1320,10 @@ impl Store for SqliteStore {
     }
 
     fn command(&self, req: CommandReq, signer: &Keypair) -> Pending<CommandDone> {
-        let Some(slot) = self.group.slot(self.max_queued_commands) else {
-            metrics::counter!("hostlease_store_busy_total").increment(1);
+        let Some(slot) = self
+            .group
+            .slot(self.max_queued_commands, "hostlease_store_busy_total")
+        else {
             return Box::pin(std::future::ready(Err(StoreError(STORE_BUSY.into()))));
         };
         Box::pin(self.group.submit(|reply| Job::Command {
@@ -1541,8 +1549,11 @@ impl Store for SqliteStore {
         // Through the group committer: a reconnect storm's thousands of rejoins become a few
         // transactions whose `INSERT OR IGNORE`s of known participants write nothing (no fsync),
         // and they never queue on the readers that sessions and hub loads wait for.
-        let slot = self.group.slot(self.max_queued_commands);
-        let _slot = slot.ok_or_else(|| StoreError(STORE_BUSY.into()))?;
+        // Past the queue's bound the sighting is left out, and counted: no session waits for it.
+        let busy = "hostlease_participants_not_recorded_total";
+        let Some(_slot) = self.group.slot(self.max_queued_commands, busy) else {
+            return Ok(());
+        };
         let (room, participant) = (room.clone(), p.clone());
         self.group
             .submit(|reply| Job::Remember {

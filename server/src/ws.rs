@@ -127,13 +127,9 @@ impl Sink {
 fn remember(app: &Arc<App>, room: &RoomId, sub: &ParticipantId) {
     let (app, room, sub) = (app.clone(), room.clone(), sub.clone());
     tokio::spawn(async move {
-        match app.store.remember_participant(&room, &sub).await {
-            Ok(()) => {}
-            // The store's queue is full (it stalls): counted, not a warning per join and leave.
-            Err(e) if e.0 == crate::store::STORE_BUSY => {
-                metrics::counter!("hostlease_participants_not_recorded_total").increment(1);
-            }
-            Err(e) => tracing::warn!(error = %e, "participant not recorded"),
+        // A sighting past the store's queue bound is counted there, not warned of per join.
+        if let Err(e) = app.store.remember_participant(&room, &sub).await {
+            tracing::warn!(error = %e, "participant not recorded");
         }
     });
 }
