@@ -1,9 +1,12 @@
 // A consumer of the public types: `tsc --noEmit --strict --exactOptionalPropertyTypes` must
 // accept it.
 import { init, connect, fetchInbox, HostleaseError, CommandError, ErrorCode, type HostView, type InboxPage, type Room } from "hostlease";
+// The .wasm as esbuild's `--loader:.wasm=file` (or webpack's asset modules) hands it: its URL.
+import wasmUrl from "hostlease/hostlease_bg.wasm";
 
 export async function main(channel: RTCDataChannel): Promise<number | null> {
   await init();
+  await init(wasmUrl);
   const room: Room = await connect({ url: "wss://example.test", room: "lunch", getToken: async () => ({ token: "t", expiresAt: Date.now() + 60_000 }) });
   const off = room.on("host", ({ host, epoch, reason }) => console.log(host, epoch, reason));
   room.on("provisional", ({ coordinator }) => console.log(coordinator?.toUpperCase()));

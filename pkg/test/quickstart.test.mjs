@@ -10,7 +10,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFile, spawn } from "node:child_process";
 import { once } from "node:events";
-import { mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, readdir, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -68,6 +68,10 @@ before(async () => {
   for (const f of ["LICENSE-MIT", "LICENSE-APACHE"]) {
     assert.match(await readFile(join(installed, f), "utf8"), /License/, `${f} is in the package`);
   }
+  // Every file the package's `exports` map points at ships in it (its `files` list).
+  const targets = (v) => (typeof v === "string" ? [v] : Object.values(v).flatMap(targets));
+  const { exports } = JSON.parse(await readFile(join(installed, "package.json"), "utf8"));
+  for (const f of targets(exports)) await stat(join(installed, f));
   assert.ok(code.includes(PLACEHOLDER_URL), `the quick start connects to ${PLACEHOLDER_URL}`);
   await writeFile(join(app, "main.js"), PREAMBLE + code.replace(PLACEHOLDER_URL, SAME_ORIGIN) + POSTAMBLE);
   await writeFile(join(app, "index.html"), INDEX_HTML);
