@@ -170,8 +170,8 @@ struct State {
     /// The instant `timer` is armed for.
     timer_at: Option<Instant>,
     timer_cb: Option<Handler>,
-    /// The page was hidden since the last `pageshow`.
-    hidden: bool,
+    /// A `pagehide` came since the last `pageshow`.
+    pagehide_seen: bool,
     reconnect: Backoff,
     attempt: u32,
     /// When the connection last went live: the backoff starts over only after one that lasted
@@ -600,9 +600,9 @@ impl State {
                 // cache (whose browser may close the socket, which the server takes for the
                 // page leaving: a successor is granted at once), so that, brought back, it
                 // reads as no host until the resync, whatever runs before `pageshow` is seen.
-                // A `pageshow` is a return only after the page was hidden (the back-forward
-                // cache hides it first): the one after a first load, which may come after the
-                // tab went live as host, is not.
+                // A `pageshow` is a return only after a `pagehide` (the back-forward cache
+                // sends one first): the one after a first load, which may come after the tab
+                // went live as host (and was hidden and shown again meanwhile), is not.
                 {
                     let mut s = rc.borrow_mut();
                     if name == "visibilitychange"
@@ -611,12 +611,12 @@ impl State {
                             .and_then(|w| w.document())
                             .is_some_and(|d| d.hidden())
                     {
-                        s.hidden = true;
                         return;
                     }
-                    if name == "pageshow" && !core::mem::take(&mut s.hidden) {
+                    if name == "pageshow" && !core::mem::take(&mut s.pagehide_seen) {
                         return;
                     }
+                    s.pagehide_seen |= name == "pagehide";
                 }
                 step(&rc, |s, _| {
                     let now = s.now();
@@ -699,7 +699,7 @@ impl Driver {
             timer: None,
             timer_at: None,
             timer_cb: None,
-            hidden: false,
+            pagehide_seen: false,
             reconnect: Backoff {
                 base_ms: 500,
                 cap_ms: 15_000,
