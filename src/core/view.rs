@@ -47,7 +47,12 @@ pub struct Config {
     pub max_attempts: u32,
     /// Delays between write retries.
     pub retry: Backoff,
-    /// Seed of the core's random source (jitter, idempotency keys).
+    /// Seed of the core's random source (jitter, idempotency keys). Give each view its own
+    /// random seed: two views with one seed make the same idempotency keys, and the server takes
+    /// a command under a key it kept (48 h, per participant) for a retry of the first (a vote
+    /// after a restart was answered with the earlier vote's result and not applied). The
+    /// default is random (from `std`'s `RandomState`, seeded by the OS), except in the
+    /// browser bundle, whose driver seeds each view from `crypto.getRandomValues`.
     pub seed: u64,
     /// Ask the server for the retained room log on the first connection, so that the app can
     /// rebuild its state from events (`false`: start from the snapshot point).
@@ -66,11 +71,25 @@ impl Default for Config {
             command_timeout_ms: 5_000,
             max_attempts: 6,
             retry: Backoff::default(),
-            seed: 0x5EED,
+            seed: default_seed(),
             replay_history: true,
             actions: ActionTable::default(),
         }
     }
+}
+
+/// A random seed per call, where `std` is linked; the bundle's driver always sets its own.
+#[cfg(not(all(target_arch = "wasm32", feature = "bundle")))]
+fn default_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}
+
+#[cfg(all(target_arch = "wasm32", feature = "bundle"))]
+fn default_seed() -> u64 {
+    0x5EED
 }
 
 /// Connection phase of the view.
