@@ -350,7 +350,9 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     // published falls between the snapshot and the stream.
     let joined = {
         let mut st = room.state.lock().expect("room lock");
-        if st.closed {
+        // Closed here, or through another process: its closing assignment is published here
+        // before this process's next sweep closes the room's sessions (up to 5 s later).
+        if st.closed || st.current.assignment.reason == Reason::Closed {
             Err(ErrorCode::RoomClosed)
         } else if st.members.len() >= app.cfg.max_members.min(MAX_MEMBERS) {
             Err(ErrorCode::RoomFull)

@@ -324,6 +324,33 @@ async fn a_room_closed_through_one_process_closes_on_the_other() {
     }
 }
 
+/// A room closed through another process takes no new session on this one once its closing
+/// assignment is published here: a hello was welcomed (and recorded, and elected over) until
+/// this process's next sweep closed the room's sessions, up to 5 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_closed_elsewhere_takes_no_join_once_its_closing_is_published() {
+    // The second's sweeps come every 5 s; it publishes what the first commits within 1 s.
+    let (_dir, key, p1, p2) = two_processes_with(&["--sweep-ms", "5000"]);
+    let mut host = Raw::join(p2.addr, "cj", &join_token(&key, "cj", "alice", true), None).await;
+    host.until_host().await;
+    admin_post(p1.addr, "cj", "close", serde_json::json!({})).await;
+    host.until(|m| match m {
+        ServerMsg::Assignment(s) if s.assignment.reason == Reason::Closed => Some(()),
+        _ => None,
+    })
+    .await;
+    let mut late = Raw::join(p2.addr, "cj", &join_token(&key, "cj", "bob", true), None).await;
+    assert_eq!(late.until_closed().await, Some(ErrorCode::RoomClosed));
+    assert!(
+        !late
+            .seen
+            .iter()
+            .any(|m| matches!(m, ServerMsg::Welcome { .. })),
+        "welcomed into a closed room: {:?}",
+        late.seen
+    );
+}
+
 /// An admin reassign of a room closed through another process answers with the closing
 /// assignment, while that process still holds the room's members (it closes them on its next
 /// sweep): it tried a grant, which a closed room's row refuses, and answered 409 "another commit
