@@ -76,18 +76,18 @@ export interface Assignment {
 }
 
 export interface Member {
-  id: string;
-  session: string;
-  name: string;
-  join_seq: number;
-  may_host: boolean;
+  readonly id: string;
+  readonly session: string;
+  readonly name: string;
+  readonly join_seq: number;
+  readonly may_host: boolean;
 }
 
 export interface PendingCommand {
-  id: string;
-  action: string;
+  readonly id: string;
+  readonly action: string;
   /** Made offline, waiting for the resync. */
-  queued: boolean;
+  readonly queued: boolean;
 }
 
 export interface HostView {
@@ -104,11 +104,12 @@ export interface HostView {
   lease: LeaseState;
   /** Shown while the server is unreachable; has no authority. */
   provisional: string | null;
-  /** In election order. The view is shared (the same object until it changes): read-only. */
+  /** In election order. The view is shared (the same object until it changes): its lists and
+   * their entries are read-only. */
   readonly members: readonly Member[];
   cursor: number;
-  actions: { host: string[]; participant: string[] };
-  pending: PendingCommand[];
+  readonly actions: { readonly host: readonly string[]; readonly participant: readonly string[] };
+  readonly pending: readonly PendingCommand[];
   signed: Assignment | null;
 }
 

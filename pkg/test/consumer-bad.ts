@@ -7,6 +7,9 @@ export async function bad() {
   const n: string = room.view.epoch;
   // The view is shared, the same object until it changes: its member list is read-only.
   room.view.members.push(room.view.members[0]!);
+  // And so are the other lists and their entries.
+  room.view.pending.sort();
+  room.on("members", ({ members }) => { members[0]!.name = members[0]!.name.trim(); });
   return n;
 }
 

@@ -160,6 +160,8 @@ pub fn smoke(root: &Path, totals: &mut (u64, u64, u64)) -> Result<(), String> {
         "TS2322",
         "type 'ConnectOptions'",
         "'push' does not exist on type 'readonly Member[]'",
+        "'sort' does not exist on type 'readonly PendingCommand[]'",
+        "Cannot assign to 'name' because it is a read-only property",
     ];
     if bad.status.success() || refused.iter().any(|r| !text.contains(r)) {
         return Err(format!(
