@@ -207,7 +207,7 @@ export declare class Room {
   readonly view: HostView;
   /** Subscribes `listener`; returns the unsubscribe function. Each call is a subscription of
    * its own; the returned function ends it. An event goes to the listeners subscribed when its
-   * delivery began (one removed meanwhile still gets it). Throws a `UsageError` (`BadArgument`)
+   * delivery began and not removed since (as the DOM's `removeEventListener`). Throws a `UsageError` (`BadArgument`)
    * when `listener` is not a function. */
   on<K extends keyof EventMap>(type: K, listener: (payload: EventMap[K]) => void): () => void;
   /** Resolves once the server applied the command; rejects with a `CommandError`: refused here

@@ -48,12 +48,12 @@ const COMMAND_MESSAGES = {
   NotAuthoritative: "the server is unreachable or resyncing",
   LeaseExpired: "the host lease expired locally",
   NoCapability: "no capability token for this action",
-  StaleEpoch: "the host epoch changed; the command was not applied",
+  StaleEpoch: "the host epoch changed: not applied",
   IdempotencyConflict: "the idempotency key was used for another request",
   UnknownAction: "the action is not in the room's action table",
   BadPayload: "the payload is not JSON or too large",
   QueueFull: "too many commands queued or in flight",
-  Timeout: "no result from the server after every retry",
+  Timeout: "no result after every retry",
   Interrupted: "the result was lost (a drop or a new epoch)",
   Closed: "the room was left",
   Rejected: "the server refused the command",
@@ -329,12 +329,17 @@ export class Room {
       throw new UsageError(ErrorCode.BadArgument, "on(type, listener) needs a function");
     }
     // Each type's listeners are an array replaced on every change, so that a delivery in progress
-    // goes on over the array it started with, without copying it for every event. Each `on` is
-    // an entry of its own: the same function subscribed twice (two components sharing a handler)
-    // is called twice, and each unsubscribe ends its own subscription only.
-    const entry = (payload) => listener(payload);
+    // goes on over the array it started with, without copying it for every event; one
+    // unsubscribed meanwhile is skipped (as the DOM's removeEventListener: a component torn down
+    // by an earlier listener is not called). Each `on` is an entry of its own: the same function
+    // subscribed twice (two components sharing a handler) is called twice, and each unsubscribe
+    // ends its own subscription only.
+    const entry = (payload) => entry.off || listener(payload);
     this._listeners.set(type, [...(this._listeners.get(type) ?? []), entry]);
-    return () => this._listeners.set(type, this._listeners.get(type).filter((l) => l !== entry));
+    return () => {
+      entry.off = 1;
+      this._listeners.set(type, this._listeners.get(type).filter((l) => l !== entry));
+    };
   }
 
   /** Issues a command. Resolves with `{ id, seq }` once the server applied it; rejects with a

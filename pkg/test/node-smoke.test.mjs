@@ -460,6 +460,26 @@ test("each on() is a subscription of its own: the same function twice is called 
   assert.deepEqual(seen, ["closed", "closed"]);
 });
 
+test("a listener unsubscribed while an event is delivered does not get it; one subscribed meanwhile gets the next", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const seen = [];
+  let offB;
+  let added = false;
+  // A tears down B (a component an earlier listener's render removed) and subscribes C.
+  room.on("provisional", ({ coordinator }) => {
+    seen.push(`a:${coordinator}`);
+    offB();
+    if (!added) room.on("provisional", ({ coordinator }) => seen.push(`c:${coordinator}`));
+    added = true;
+  });
+  offB = room.on("provisional", ({ coordinator }) => seen.push(`b:${coordinator}`));
+  room._onEvents(JSON.stringify([{ type: "provisional", coordinator: "x" }]));
+  room._onEvents(JSON.stringify([{ type: "provisional", coordinator: "y" }]));
+  assert.deepEqual(seen, ["a:x", "a:y", "c:y"]);
+  room.close();
+});
+
 test("room.view is the same object until something in it changes", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const before = room.view;
