@@ -67,14 +67,23 @@ pub struct Outlet {
     /// The session's subscription point (its welcome's seq): the room's items after it reach
     /// it live, the ones before it do not (the offline inbox counts on this).
     pub since: Seq,
+    /// When the session began (ms, the wall clock, as the store's): a kick recorded before it
+    /// leaves it be.
+    pub started_ms: u64,
 }
 
 impl Outlet {
     pub fn new() -> (Self, mpsc::Receiver<Queued>) {
         let (tx, rx) = mpsc::channel(256);
         let bytes = Arc::new(Semaphore::new(OUTLET_BYTES));
-        let since = Seq::ZERO;
-        (Self { tx, bytes, since }, rx)
+        let (since, started_ms) = (Seq::ZERO, 0);
+        let out = Self {
+            tx,
+            bytes,
+            since,
+            started_ms,
+        };
+        (out, rx)
     }
 }
 
@@ -801,32 +810,37 @@ impl App {
             let mut own = self.kicking.lock().await;
             let id = self.store.record_kick(&hub.id, p).await?;
             own.insert(id);
-            Self::remove_kicked(hub, p)
+            Self::remove_kicked(hub, p, None)
         };
-        self.replace_kicked(hub, p, &sessions).await;
+        self.replace_kicked(hub, p, &sessions, None).await;
         Ok(sessions.len())
     }
 
-    /// Kicks `p` from the room in this process (a kick made through another one). Returns how
-    /// many sessions were kicked here.
-    pub async fn kick_here(&self, hub: &Arc<Room>, p: &ParticipantId) -> usize {
-        let sessions = Self::remove_kicked(hub, p);
-        self.replace_kicked(hub, p, &sessions).await;
+    /// Kicks `p` from the room in this process (a kick made through another one, recorded at
+    /// `at`, ms on the store clock). Returns how many sessions were kicked here. The sessions
+    /// `p` began since are left be, as their capabilities are (it may join again: a kick applied
+    /// on the next sweep closed the session it had opened meanwhile, and took the host role from
+    /// it if it had been elected).
+    pub async fn kick_here(&self, hub: &Arc<Room>, p: &ParticipantId, at: u64) -> usize {
+        let sessions = Self::remove_kicked(hub, p, Some(at));
+        self.replace_kicked(hub, p, &sessions, Some(at)).await;
         sessions.len()
     }
 
-    /// `p`'s sessions leave the membership (so the next election skips them) and are told
-    /// `kicked` and closed, under one lock (a session joining meanwhile is either kicked too or
-    /// not at all).
-    fn remove_kicked(hub: &Room, p: &ParticipantId) -> Vec<SessionId> {
+    /// `p`'s sessions (those begun by `before`, if given) leave the membership (so the next
+    /// election skips them) and are told `kicked` and closed, under one lock (a session joining
+    /// meanwhile is either kicked too or not at all).
+    fn remove_kicked(hub: &Room, p: &ParticipantId, before: Option<u64>) -> Vec<SessionId> {
         let frame = encode_server(&ServerMsg::Error {
             code: ErrorCode::Kicked,
             message: "kicked by the app".into(),
         });
         let mut st = hub.state.lock().expect("room lock");
+        let st = &mut *st;
+        let began = |m: &Member| st.conns.get(&m.session).map_or(0, |o| o.started_ms);
         let (out, stay): (Vec<_>, Vec<_>) = std::mem::take(&mut st.members)
             .into_iter()
-            .partition(|m| &m.id == p);
+            .partition(|m| &m.id == p && before.is_none_or(|k| began(m) <= k));
         st.members = stay;
         for m in &out {
             if let Some(tx) = st.conns.get(&m.session) {
@@ -846,12 +860,21 @@ impl App {
     /// fenced until then, as for every forced grant: the old host's client may not know yet.
     /// `replace_host` decides against the stored session (a host connected to another process
     /// is replaced once, there or here). (Unreadable: left to the sweep.)
-    async fn replace_kicked(&self, hub: &Arc<Room>, p: &ParticipantId, sessions: &[SessionId]) {
+    async fn replace_kicked(
+        &self,
+        hub: &Arc<Room>,
+        p: &ParticipantId,
+        sessions: &[SessionId],
+        before: Option<u64>,
+    ) {
         let mut sessions = sessions.to_vec();
         if let Ok(Some(row)) = self.store.room(&hub.id).await {
+            // (Not a session of `p`'s granted the role after a kick applied late.)
+            let granted = row.current.as_ref().map(|c| c.assignment.issued_at.0);
             sessions.extend(row.session.filter(|s| {
                 row.host.as_ref() == Some(p)
                     && !sessions.contains(s)
+                    && before.is_none_or(|k| granted.is_none_or(|g| g <= k))
                     && hub.next_holder(Some(s)).is_some()
             }));
         }
@@ -1118,11 +1141,11 @@ async fn sweeper(app: Arc<App>, mut last_kick: i64) {
         };
         match kicks {
             Ok(kicks) => {
-                for (_, room, p) in kicks {
+                for (_, room, p, at) in kicks {
                     let hub = app.rooms.lock().expect("rooms lock").get(&room).cloned();
                     if let Some(hub) = hub {
                         let app = app.clone();
-                        tokio::spawn(async move { app.kick_here(&hub, &p).await });
+                        tokio::spawn(async move { app.kick_here(&hub, &p, at).await });
                     }
                 }
             }

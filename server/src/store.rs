@@ -351,12 +351,9 @@ pub trait Store: Send + Sync + 'static {
     async fn lapsed_rooms(&self, rooms: &[RoomId]) -> StoreResult<Swept>;
     /// Records an admin kick (every process applies it to the sessions it holds); returns its id.
     async fn record_kick(&self, room: &RoomId, p: &ParticipantId) -> StoreResult<i64>;
-    /// Kicks with an id above `after`, oldest first, at most `limit`: `(id, room, participant)`.
-    async fn kicks_after(
-        &self,
-        after: i64,
-        limit: i64,
-    ) -> StoreResult<Vec<(i64, RoomId, ParticipantId)>>;
+    /// Kicks with an id above `after`, oldest first, at most `limit`: `(id, room, participant,
+    /// when)`, when in ms on the store clock.
+    async fn kicks_after(&self, after: i64, limit: i64) -> StoreResult<Vec<Kick>>;
     /// The newest kick's id (0: none).
     async fn kicks_max_id(&self) -> StoreResult<i64>;
     /// Deletes idempotency records older than the retention, kicks older than
@@ -365,6 +362,9 @@ pub trait Store: Send + Sync + 'static {
     /// after 24 h.
     async fn housekeeping(&self, keep_log: i64, webhook: bool) -> StoreResult<()>;
 }
+
+/// A kick as [`Store::kicks_after`] reads it: `(id, room, participant, when)`.
+pub type Kick = (i64, RoomId, ParticipantId, u64);
 
 /// A room's lease TTL (binds: the server's default): its own, if set, never under the floor
 /// ([`crate::LEASE_MS`]; one set through the admin API when the floor was 30 ms stays in the
@@ -1645,13 +1645,9 @@ impl Store for SqliteStore {
             .await?)
     }
 
-    async fn kicks_after(
-        &self,
-        after: i64,
-        limit: i64,
-    ) -> StoreResult<Vec<(i64, RoomId, ParticipantId)>> {
-        let rows: Vec<(i64, String, String)> = sqlx::query_as(
-            "SELECT id, room, participant FROM kicks WHERE id > ? ORDER BY id LIMIT ?",
+    async fn kicks_after(&self, after: i64, limit: i64) -> StoreResult<Vec<Kick>> {
+        let rows: Vec<(i64, String, String, i64)> = sqlx::query_as(
+            "SELECT id, room, participant, created_at FROM kicks WHERE id > ? ORDER BY id LIMIT ?",
         )
         .bind(after)
         .bind(limit)
@@ -1659,7 +1655,10 @@ impl Store for SqliteStore {
         .await?;
         Ok(rows
             .into_iter()
-            .filter_map(|(id, r, p)| Some((id, RoomId::new(r).ok()?, ParticipantId::new(p).ok()?)))
+            .filter_map(|(id, r, p, at)| {
+                let at = u64::try_from(at).unwrap_or(0);
+                Some((id, RoomId::new(r).ok()?, ParticipantId::new(p).ok()?, at))
+            })
             .collect())
     }
 

@@ -380,6 +380,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             st.members.push(member.clone());
             let snapshot = app.snapshot_locked(&room, &st, None);
             dtx.since = snapshot.seq;
+            dtx.started_ms = started_ms;
             st.conns.insert(session.clone(), dtx);
             let rx = room.tx.subscribe();
             room.announce(&mut st, member.clone(), true, presence_interval);

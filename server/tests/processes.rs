@@ -409,6 +409,81 @@ async fn a_kick_through_one_process_reaches_the_other() {
     assert_eq!(a.host.as_ref().map(|h| h.as_str()), Some("bob"));
 }
 
+/// A kick through one process leaves be the session its participant began since on another
+/// (it may join again: a kick does not bar it), though that process applies the kick on a later
+/// sweep: it closed every session of the participant then, and took the host role from the new
+/// one if it had been elected meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kick_applied_late_leaves_the_sessions_begun_since() {
+    // The second's sweeps (which apply the first's kicks) come every 5 s.
+    let (_dir, key, p1, p2) = two_processes_with(&["--sweep-ms", "5000"]);
+    let token = join_token(&key, "kl", "alice", true);
+    let mut old = Raw::join(p2.addr, "kl", &token, None).await;
+    old.until_host().await;
+    assert_eq!(kick(p1.addr, "kl", "alice").await, 0);
+    // Alice joins again (her page reloaded), before the second applies the kick.
+    let mut new = Raw::join(p2.addr, "kl", &token, None).await;
+    new.until_capability().await;
+    assert_eq!(old.until_closed().await, Some(ErrorCode::Kicked));
+    // The kicked host is replaced by the only member left, the session begun since (fenced
+    // until the old lease runs out: a minute here), which stays open.
+    let a = new
+        .until(|m| match m {
+            ServerMsg::Assignment(s) if s.assignment.reason == Reason::Kicked => {
+                Some(s.assignment.clone())
+            }
+            _ => None,
+        })
+        .await;
+    let welcomed = new.seen.iter().find_map(|m| match m {
+        ServerMsg::Welcome { session, .. } => Some(session.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        (a.host.as_ref().map(|h| h.as_str()), a.session),
+        (Some("alice"), welcomed)
+    );
+}
+
+/// A kick applied late (on another process's next sweep) does not take the host role from a
+/// session its participant began after it and was elected in since: that grant came after the
+/// kick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kick_applied_late_leaves_a_host_elected_since() {
+    let (_dir, key, p1, p2) = two_processes_with(&["--sweep-ms", "5000"]);
+    let join = |p: &str, host: bool| {
+        let token = join_token(&key, "ke", p, host);
+        async move { Raw::join(p2.addr, "ke", &token, None).await }
+    };
+    let mut old = join("alice", true).await;
+    old.until_host().await;
+    assert_eq!(kick(p1.addr, "ke", "alice").await, 0);
+    // Before the second applies the kick: alice joins again, bob joins, and her old session
+    // leaves, so that the new one is elected (it joined before bob).
+    let mut new = join("alice", true).await;
+    new.until_capability().await;
+    let mut bob = join("bob", true).await;
+    bob.until_capability().await;
+    let (mut carol, mut dave) = (join("carol", false).await, join("dave", false).await);
+    carol.until_capability().await;
+    dave.until_capability().await;
+    old.ws.close(None).await.unwrap();
+    new.until_host().await;
+    // The second's sweeps: the one that kicks carol applied alice's kick too (or one before
+    // it did), and dave's comes a sweep (5 s) after it.
+    assert_eq!(kick(p1.addr, "ke", "carol").await, 0);
+    assert_eq!(carol.until_closed().await, Some(ErrorCode::Kicked));
+    assert_eq!(kick(p1.addr, "ke", "dave").await, 0);
+    assert_eq!(dave.until_closed().await, Some(ErrorCode::Kicked));
+    let kicked = |r: &Raw| {
+        r.seen
+            .iter()
+            .any(|m| matches!(m, ServerMsg::Assignment(s) if s.assignment.reason == Reason::Kicked))
+    };
+    // (Dave read every frame of the room until his own kick.)
+    assert!(!kicked(&dave), "replaced: {:?}", dave.seen);
+}
+
 /// A host whose connection is gone, kicked through a process holding none of the room's members:
 /// it is replaced by a member of the process that applies the kick on its next sweep. The kicking
 /// process left it to that one, which replaced only the sessions it closed (none of a host

@@ -1743,7 +1743,7 @@ impl hostlease_server::store::Store for Slowed {
         tokio::time::sleep(self.slow.kick).await;
         id
     }
-    async fn kicks_after(&self, a: i64, l: i64) -> StoreResult<Vec<(i64, RoomId, ParticipantId)>> {
+    async fn kicks_after(&self, a: i64, l: i64) -> StoreResult<Vec<hostlease_server::store::Kick>> {
         self.store.kicks_after(a, l).await
     }
     async fn kicks_max_id(&self) -> StoreResult<i64> {
