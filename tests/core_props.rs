@@ -580,15 +580,8 @@ thread_local! {
 /// both have sent the same frames and reported the same events (counting the event the second
 /// one's caller delivers itself), and they agree on cursor, phase, buffer, epoch and counters.
 fn run_stream(ops: Vec<StreamOp>) -> Result<(), TestCaseError> {
-    // One seed for both (the default is random per view): the same jitter and keys.
-    let mut whole = HostView::new(Config {
-        seed: 7,
-        ..config()
-    });
-    let mut told = HostView::new(Config {
-        seed: 7,
-        ..config()
-    });
+    let mut whole = HostView::new(config());
+    let mut told = HostView::new(config());
     let mut now = 0u64;
     for o in ops {
         let mut delivered = Vec::new();

@@ -869,7 +869,9 @@ impl App {
     ) {
         let mut sessions = sessions.to_vec();
         if let Ok(Some(row)) = self.store.room(&hub.id).await {
-            // (Not a session of `p`'s granted the role after a kick applied late.)
+            // (Not a session of `p`'s granted the role after a kick applied late. The grant's
+            // time stands for the session's start here: a session begun before the kick and
+            // granted again since is left to the process holding it, which closes it.)
             let granted = row.current.as_ref().map(|c| c.assignment.issued_at.0);
             sessions.extend(row.session.filter(|s| {
                 row.host.as_ref() == Some(p)

@@ -409,6 +409,15 @@ async fn a_kick_through_one_process_reaches_the_other() {
     assert_eq!(a.host.as_ref().map(|h| h.as_str()), Some("bob"));
 }
 
+/// Returns just after a sweep of `p2` (which applies the kicks made through `p1`): a throwaway
+/// member kicked through `p1` is closed by it. With `--sweep-ms 5000`, the next is 5 s away.
+async fn just_swept(key: &Keypair, p1: &Proc, p2: &Proc, room: &str) {
+    let mut sync = Raw::join(p2.addr, room, &join_token(key, room, "sync", false), None).await;
+    sync.until_capability().await;
+    assert_eq!(kick(p1.addr, room, "sync").await, 0);
+    assert_eq!(sync.until_closed().await, Some(ErrorCode::Kicked));
+}
+
 /// A kick through one process leaves be the session its participant began since on another
 /// (it may join again: a kick does not bar it), though that process applies the kick on a later
 /// sweep: it closed every session of the participant then, and took the host role from the new
@@ -420,6 +429,7 @@ async fn a_kick_applied_late_leaves_the_sessions_begun_since() {
     let token = join_token(&key, "kl", "alice", true);
     let mut old = Raw::join(p2.addr, "kl", &token, None).await;
     old.until_host().await;
+    just_swept(&key, &p1, &p2, "kl").await;
     assert_eq!(kick(p1.addr, "kl", "alice").await, 0);
     // Alice joins again (her page reloaded), before the second applies the kick.
     let mut new = Raw::join(p2.addr, "kl", &token, None).await;
@@ -457,6 +467,7 @@ async fn a_kick_applied_late_leaves_a_host_elected_since() {
     };
     let mut old = join("alice", true).await;
     old.until_host().await;
+    just_swept(&key, &p1, &p2, "ke").await;
     assert_eq!(kick(p1.addr, "ke", "alice").await, 0);
     // Before the second applies the kick: alice joins again, bob joins, and her old session
     // leaves, so that the new one is elected (it joined before bob).

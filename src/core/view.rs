@@ -51,8 +51,9 @@ pub struct Config {
     /// random seed: two views with one seed make the same idempotency keys, and the server takes
     /// a command under a key it kept (48 h, per participant) for a retry of the first (a vote
     /// after a restart was answered with the earlier vote's result and not applied). The
-    /// default is random (from `std`'s `RandomState`, seeded by the OS), except in the
-    /// browser bundle, whose driver seeds each view from `crypto.getRandomValues`.
+    /// default is random where the OS gives `std` randomness (`RandomState`'s keys); on
+    /// `wasm32-unknown-unknown` it has none, so set it there from `crypto.getRandomValues`, as
+    /// the browser driver does.
     pub seed: u64,
     /// Ask the server for the retained room log on the first connection, so that the app can
     /// rebuild its state from events (`false`: start from the snapshot point).
@@ -78,7 +79,8 @@ impl Default for Config {
     }
 }
 
-/// A random seed per call, where `std` is linked; the bundle's driver always sets its own.
+/// A seed per call, random where the OS gives `std` randomness; the bundle's driver always sets
+/// its own.
 #[cfg(not(all(target_arch = "wasm32", feature = "bundle")))]
 fn default_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
