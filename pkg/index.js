@@ -49,7 +49,7 @@ const COMMAND_MESSAGES = {
   LeaseExpired: "the host lease expired locally",
   NoCapability: "no capability token for this action",
   StaleEpoch: "the host epoch changed: not applied",
-  IdempotencyConflict: "the idempotency key was used for another request",
+  IdempotencyConflict: "the key was used for another request",
   UnknownAction: "the action is not in the room's action table",
   BadPayload: "the payload is not JSON or too large",
   QueueFull: "too many commands queued or in flight",
@@ -203,7 +203,7 @@ export async function fetchInbox(options) {
       throw new ConnectionError(ErrorCode.Unavailable, "the inbox could not be read", { cause: e });
     }
     if (res.status === 401 || res.status === 403) {
-      throw new ConnectionError(ErrorCode.Unauthorized, "the join token was refused for this room's inbox");
+      throw new ConnectionError(ErrorCode.Unauthorized, "the join token was refused");
     }
     if (!res.ok) throw new ConnectionError(ErrorCode.Unavailable, `the inbox answered HTTP ${res.status}`);
     let body;
@@ -544,7 +544,7 @@ export class Room {
     // Past the 4 MiB limit in UTF-16 units already (a UTF-8 byte or more each): refused here, as
     // the codec would, without first copying it into the wasm's memory (which never shrinks).
     if (data.length > FRAME_MAX) {
-      return this._dispatch({ type: "error", code: "frame_too_large", message: "a frame from the server is too large" });
+      return this._dispatch({ type: "error", code: "frame_too_large", message: "a frame over the limit" });
     }
     if (data.length <= EVENT_MAX && data.startsWith(EVENT_HEAD)) {
       let m;
@@ -679,8 +679,9 @@ export class Room {
     if (!this._keys || (known && performance.now() - this._keysAt > 60_000)) {
       this._keysAt = performance.now();
       this._keys = (async () => {
+        // (What fails here is never shown: a relay is then "unsupported", with one warning.)
         const res = await fetchWithRetry(this._keysUrl);
-        if (!res.ok) throw new Error(`keys: HTTP ${res.status}`);
+        if (!res.ok) throw Error();
         const body = await res.json();
         const keys = new Map();
         for (const k of body.keys ?? []) {
@@ -690,7 +691,7 @@ export class Room {
           } catch {}
         }
         // None usable (a browser without Ed25519 imports none): relays are unsupported.
-        if (!keys.size) throw Error("no keys");
+        if (!keys.size) throw Error();
         return keys;
       })();
       // After a first read fails, relays wait a minute before the keys are read again.

@@ -2161,3 +2161,27 @@ fn two_views_of_one_participant_do_not_share_idempotency_keys() {
     let kb = b.command(at(20), action("vote"), vote(), None).unwrap();
     assert_ne!(ka, kb);
 }
+
+/// A participant command whose resend finds the participant token run out (the server's refresh
+/// late) goes back to the queue and asks for a token: it waited for one the server might never
+/// send, with no timer set (only a command made or revalidated asked).
+#[test]
+fn a_resend_queued_for_want_of_a_participant_token_asks_for_one() {
+    let mut v = live("b", "a", 1);
+    // The participant token came at 10 and lives 600 s (less the margin).
+    v.command(at(599_000), action("vote"), js(json!({"option": 1})), None)
+        .unwrap();
+    drain(&mut v);
+    server(&mut v, 599_500, ServerMsg::Heartbeat);
+    v.handle_timeout(at(605_000)); // the resend is due; the token ran out at 599,760
+    let (sent, _) = drain(&mut v);
+    assert!(sent.is_empty(), "{sent:?}");
+    assert!(v.pending().all(|(_, _, queued)| queued));
+    let due = v.poll_timeout().expect("a timer");
+    v.handle_timeout(due);
+    let (sent, _) = drain(&mut v);
+    assert!(
+        sent.iter().any(|m| matches!(m, ClientMsg::Resume { .. })),
+        "{sent:?}"
+    );
+}

@@ -1503,7 +1503,13 @@ impl HostView {
                 }
                 Some(g) if self.can_send_participant() => g.token.clone(),
                 _ => {
+                    // Live without a token (a resend's ran out, the server's refresh late): a
+                    // resync asks for one after a command timeout, whether the command was
+                    // made, revalidated or resent.
                     self.commands[i].state = CmdState::Queued;
+                    if self.phase == Phase::Live && self.resync_retry_at.is_none() {
+                        self.resync_retry_at = Some(now.add_ms(self.config.command_timeout_ms));
+                    }
                     return;
                 }
             },
@@ -1570,10 +1576,6 @@ impl HostView {
             if self.commands.len() == before {
                 i += 1;
             }
-        }
-        if self.needs_participant_grant() {
-            self.resync_retry_at
-                .get_or_insert(now.add_ms(self.config.command_timeout_ms));
         }
     }
 
