@@ -47,14 +47,14 @@ const COMMAND_MESSAGES = {
   NotHost: "this session is not the host",
   NotAuthoritative: "the server is unreachable or resyncing",
   LeaseExpired: "the host lease expired locally",
-  NoCapability: "no capability token for this action",
+  NoCapability: "no capability for this action",
   StaleEpoch: "the host epoch changed: not applied",
   IdempotencyConflict: "the key was used for another request",
   UnknownAction: "the action is not in the room's action table",
   BadPayload: "the payload is not JSON or too large",
-  QueueFull: "too many commands queued or in flight",
+  QueueFull: "too many commands pending",
   Timeout: "no result after every retry",
-  Interrupted: "the result was lost (a drop or a new epoch)",
+  Interrupted: "the outcome is unknown",
   Closed: "the room was left",
   Rejected: "the server refused the command",
 };
@@ -225,6 +225,7 @@ export async function fetchInbox(options) {
 }
 
 const RELAY_TAG = "hostlease.relay";
+const RELAY_MAX = 4096;
 const TOKEN_REFRESH_EARLY_MS = 30_000;
 
 // A room event frame as the server writes it, and the Rust codec's checks of its fields' types
@@ -402,7 +403,9 @@ export class Room {
     };
     const onClose = () => this.detachPeer(peerId); // let go of a closed channel
     const onMessage = (e) => {
-      if (typeof e.data !== "string" || !e.data.includes(RELAY_TAG)) return;
+      // A string of at most 4 KiB (a signed assignment is under 1 KiB): a peer's larger
+      // message is not parsed (a data channel may carry up to 1 GiB).
+      if (!(e.data.length <= RELAY_MAX) || !e.data.includes(RELAY_TAG)) return;
       let msg;
       try {
         msg = JSON.parse(e.data);
@@ -580,12 +583,14 @@ export class Room {
   // but for the types below.
   _dispatch({ type, ...e }) {
     switch (type) {
-      case "connection":
+      case "connection": {
         // Closed by the server (kicked, room closed): stop refreshing tokens and relaying too.
-        if (e.phase === "closed") this.close();
+        const closed = e.phase === "closed";
+        if (closed) this.close();
         this._emit(type, e);
-        if (e.phase === "closed") this._ended = true;
+        this._ended ||= closed;
         return;
+      }
       case "host": {
         const a = e.assignment;
         // Relayed before the listeners see `a`, so that none can change what the peers get.

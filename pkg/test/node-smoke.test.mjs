@@ -840,6 +840,24 @@ test("an assignment whose reason this SDK does not know is not relayed (the copy
   assert.deepEqual(relayed, ["elected", "resigned"]);
 });
 
+test("a peer's relay message past 4 KiB is not parsed; a binary one is ignored", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  const channel = Object.assign(new EventTarget(), { readyState: "open", send() {} });
+  room.attachPeer("p2", channel);
+  const heard = [];
+  room.on("relay", ({ reason }) => heard.push(reason));
+  const relay = (pad) => JSON.stringify({ t: "hostlease.relay", assignment: { room: "elsewhere" }, pad });
+  const send = (data) => channel.dispatchEvent(new MessageEvent("message", { data }));
+  send(relay("x".repeat(4096)));
+  send(new TextEncoder().encode(relay("")).buffer);
+  send(relay("x".repeat(4000)));
+  await new Promise((r) => setTimeout(r, 0));
+  // Only the last was read (and refused: for another room).
+  assert.deepEqual(heard, ["unsigned"]);
+  room.close();
+});
+
 test("acceptStamped: only the view's verified epoch is the floor, so a made-up epoch cannot lock the host out", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const ws = NeverOpens.instance;
