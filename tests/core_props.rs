@@ -23,6 +23,7 @@ fn holder_name(h: Option<u8>) -> Option<String> {
 }
 
 proptest! {
+    #![proptest_config(props())]
     /// Any permutation and duplication of an assignment stream, arriving from the server stream
     /// and from peers in any interleaving, leaves the view at the newest epoch, and the epoch
     /// never moves backwards on the way.
@@ -460,6 +461,7 @@ fn model_presence(model: &mut Vec<Member>, member: Member, online: bool) {
 }
 
 proptest! {
+    #![proptest_config(props())]
     /// Presence frames (and a welcome's member list, each member a join) keep `members` equal
     /// to the plain model, `model_presence`.
     #[test]
@@ -636,6 +638,7 @@ fn run_stream(ops: Vec<StreamOp>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
+    #![proptest_config(props())]
     #[test]
     fn an_event_told_by_its_seq_acts_as_the_whole_frame(
         ops in prop::collection::vec(stream_op(), 1..80),
@@ -660,6 +663,7 @@ fn the_seq_only_path_is_taken() {
 }
 
 proptest! {
+    #![proptest_config(props())]
     /// A resume answered with only the newest items (the server's replay cut at its byte budget)
     /// and a discontinuity for the rest: every event the view received from the stream is
     /// applied (never announced lost), each seq up to the snapshot point is applied or inside an

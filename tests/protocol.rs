@@ -609,6 +609,7 @@ fn near_json() -> impl Strategy<Value = String> {
 }
 
 proptest! {
+    #![proptest_config(props())]
 
     /// `Json::parse` accepts exactly the texts serde_json accepts, among texts whose numbers fit
     /// an `f64`. Leaves joined without a separator can make a number that does not (`2e9` `01`

@@ -418,6 +418,12 @@ async fn just_swept(key: &Keypair, p1: &Proc, p2: &Proc, room: &str) {
     assert_eq!(sync.until_closed().await, Some(ErrorCode::Kicked));
 }
 
+/// Waits out the millisecond a kick was just recorded in: a session begun in it counts as begun
+/// before the kick (the times compared are whole milliseconds).
+async fn begin_after_the_kick() {
+    tokio::time::sleep(Duration::from_millis(2)).await;
+}
+
 /// A kick through one process leaves be the session its participant began since on another
 /// (it may join again: a kick does not bar it), though that process applies the kick on a later
 /// sweep: it closed every session of the participant then, and took the host role from the new
@@ -431,6 +437,7 @@ async fn a_kick_applied_late_leaves_the_sessions_begun_since() {
     old.until_host().await;
     just_swept(&key, &p1, &p2, "kl").await;
     assert_eq!(kick(p1.addr, "kl", "alice").await, 0);
+    begin_after_the_kick().await;
     // Alice joins again (her page reloaded), before the second applies the kick.
     let mut new = Raw::join(p2.addr, "kl", &token, None).await;
     new.until_capability().await;
@@ -467,17 +474,19 @@ async fn a_kick_applied_late_leaves_a_host_elected_since() {
     };
     let mut old = join("alice", true).await;
     old.until_host().await;
+    // Carol and dave (no hosts: never elected) mark the second's later sweeps below.
+    let (mut carol, mut dave) = (join("carol", false).await, join("dave", false).await);
+    carol.until_capability().await;
+    dave.until_capability().await;
     just_swept(&key, &p1, &p2, "ke").await;
     assert_eq!(kick(p1.addr, "ke", "alice").await, 0);
+    begin_after_the_kick().await;
     // Before the second applies the kick: alice joins again, bob joins, and her old session
     // leaves, so that the new one is elected (it joined before bob).
     let mut new = join("alice", true).await;
     new.until_capability().await;
     let mut bob = join("bob", true).await;
     bob.until_capability().await;
-    let (mut carol, mut dave) = (join("carol", false).await, join("dave", false).await);
-    carol.until_capability().await;
-    dave.until_capability().await;
     old.ws.close(None).await.unwrap();
     new.until_host().await;
     // The second's sweeps: the one that kicks carol applied alice's kick too (or one before

@@ -5,6 +5,19 @@ use hostlease::core::{Config, Event, HostView, Instant};
 use hostlease::protocol::*;
 use serde_json::json;
 
+/// The config of every `proptest!` block: the default (cases and seed from the environment),
+/// but in wasm, which has no environment to read `PROPTEST_RNG_SEED` from, CI's fixed seed
+/// (`xtask`'s `CI_PROPTEST_SEED`): every wasm run tries the same cases, as CI's native run does.
+pub fn props() -> proptest::test_runner::Config {
+    let config = proptest::test_runner::Config::default();
+    #[cfg(target_arch = "wasm32")]
+    let config = proptest::test_runner::Config {
+        rng_seed: proptest::test_runner::RngSeed::Fixed(20261204),
+        ..config
+    };
+    config
+}
+
 /// An app payload from a `serde_json` value (the SDK keeps payloads as text).
 pub fn js(v: serde_json::Value) -> Json {
     Json::parse(&v.to_string()).unwrap()
