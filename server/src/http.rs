@@ -640,7 +640,10 @@ async fn admin_close(State(app): State<Arc<App>>, Path(room): Path<String>) -> R
     };
     let g = hub.decide.lock().await;
     let mut res = Ok(None);
-    let mut closed_without_grant = false;
+    // A hostless room's close is no grant: its answer is the stored assignment it closed at
+    // (this process's copy may not have the newest yet: one committed through another process
+    // is published here on its next poll).
+    let mut closed_without_grant = None;
     for _ in 0..5 {
         let row = match app.store.room(&hub.id).await {
             Ok(r) => r,
@@ -653,7 +656,7 @@ async fn admin_close(State(app): State<Arc<App>>, Path(room): Path<String>) -> R
                 .map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch);
             match app.store.close_hostless(&hub.id, epoch).await {
                 Ok(true) => {
-                    closed_without_grant = true;
+                    closed_without_grant = Some(row.and_then(|r| r.current));
                     break;
                 }
                 Ok(false) => continue,
@@ -682,7 +685,7 @@ async fn admin_close(State(app): State<Arc<App>>, Path(room): Path<String>) -> R
     // leave them open). A close that did not commit leaves the room as it was.
     let seq = match &res {
         Ok(Some(a)) => Some(a.assignment.seq),
-        _ if closed_without_grant => Some(hostlease::protocol::Seq::ZERO),
+        _ if closed_without_grant.is_some() => Some(hostlease::protocol::Seq::ZERO),
         _ => None,
     };
     if let Some(seq) = seq {
@@ -690,11 +693,11 @@ async fn admin_close(State(app): State<Arc<App>>, Path(room): Path<String>) -> R
         let (app, hub) = (app.clone(), hub.hub().clone());
         let _ = tokio::spawn(async move { app.close_here(&hub, seq, bound).await }).await;
     }
-    match res {
-        Ok(Some(a)) => json_body(&a),
-        _ if closed_without_grant => {
-            json_body(&hub.state.lock().expect("room lock").current.clone())
-        }
+    match (res, closed_without_grant) {
+        (Ok(Some(a)), _) => json_body(&a),
+        (_, Some(stored)) => json_body(
+            &stored.unwrap_or_else(|| hub.state.lock().expect("room lock").current.clone()),
+        ),
         _ => (StatusCode::SERVICE_UNAVAILABLE, "could not close").into_response(),
     }
 }

@@ -351,6 +351,40 @@ async fn a_room_closed_elsewhere_takes_no_join_once_its_closing_is_published() {
     );
 }
 
+/// An admin close of a hostless room answers with the assignment it closed at as stored, not
+/// this process's copy, which a grant committed through another process reaches only on its
+/// next publisher poll (it answered with the host before, already gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_hostless_room_answers_its_stored_assignment() {
+    // The second publishes what the first commits within a second (its poll).
+    let (_dir, key, p1, p2) = two_processes_with(&["--sweep-ms", "5000"]);
+    let join = |p: &Proc, who: &str, host: bool| {
+        let token = join_token(&key, "ch", who, host);
+        let addr = p.addr;
+        async move { Raw::join(addr, "ch", &token, None).await }
+    };
+    let mut alice = join(&p1, "alice", true).await;
+    alice.until_host().await;
+    let mut carol = join(&p1, "carol", false).await;
+    carol.until_capability().await;
+    let mut bob = join(&p2, "bob", false).await; // the room's hub on the second
+    bob.until_capability().await;
+    // Alice leaves; no one there may host: the first commits the room hostless.
+    alice.ws.close(None).await.unwrap();
+    let hostless = carol
+        .until(|m| match m {
+            ServerMsg::Assignment(s) if s.assignment.host.is_none() => Some(s.assignment.clone()),
+            _ => None,
+        })
+        .await;
+    let closed = admin_post(p2.addr, "ch", "close", serde_json::json!({})).await;
+    assert_eq!(
+        (closed["epoch"].as_u64(), closed["host"].is_null()),
+        (Some(hostless.epoch.0), true),
+        "{closed}"
+    );
+}
+
 /// An admin reassign of a room closed through another process answers with the closing
 /// assignment, while that process still holds the room's members (it closes them on its next
 /// sweep): it tried a grant, which a closed room's row refuses, and answered 409 "another commit
