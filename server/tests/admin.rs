@@ -1022,26 +1022,27 @@ async fn http_connections_past_the_per_address_cap_are_closed_at_once() {
         ..test_config()
     })
     .await;
-    /// Whether the server closed `s` within a second (end of stream, or a reset).
-    async fn closed_soon(s: &mut tokio::net::TcpStream) -> bool {
+    /// Whether the server closed `s` within `within` (end of stream, or a reset).
+    async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
         let mut buf = [0u8; 64];
-        let read = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await;
+        let read = tokio::time::timeout(within, s.read(&mut buf)).await;
         matches!(read, Ok(Ok(0)) | Ok(Err(_)))
     }
     let mut first = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
     let mut second = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
     let mut third = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    // (Closed at once; the bound is for a loaded machine's stalls.)
     assert!(
-        closed_soon(&mut third).await,
+        closed_within(&mut third, WAIT).await,
         "a third connection stayed open"
     );
-    assert!(!closed_soon(&mut first).await);
-    assert!(!closed_soon(&mut second).await);
+    assert!(!closed_within(&mut first, Duration::from_secs(1)).await);
+    assert!(!closed_within(&mut second, Duration::from_secs(1)).await);
     drop((first, second));
     // Each slot freed once the server has seen its connection end.
     let healthz = || reqwest::get(format!("http://{}/healthz", srv.addr));
     let mut ok = false;
-    for _ in 0..50 {
+    for _ in 0..500 {
         if healthz().await.is_ok_and(|r| r.status() == 200) {
             ok = true;
             break;
