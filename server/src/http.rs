@@ -656,7 +656,11 @@ async fn admin_close(State(app): State<Arc<App>>, Path(room): Path<String>) -> R
                 .map_or(hostlease::protocol::Epoch::ZERO, |r| r.epoch);
             match app.store.close_hostless(&hub.id, epoch).await {
                 Ok(true) => {
-                    closed_without_grant = Some(row.and_then(|r| r.current));
+                    // (No row: a room never granted, its genesis assignment.)
+                    closed_without_grant =
+                        Some(row.and_then(|r| r.current).unwrap_or_else(|| {
+                            hub.state.lock().expect("room lock").current.clone()
+                        }));
                     break;
                 }
                 Ok(false) => continue,
@@ -695,9 +699,7 @@ async fn admin_close(State(app): State<Arc<App>>, Path(room): Path<String>) -> R
     }
     match (res, closed_without_grant) {
         (Ok(Some(a)), _) => json_body(&a),
-        (_, Some(stored)) => json_body(
-            &stored.unwrap_or_else(|| hub.state.lock().expect("room lock").current.clone()),
-        ),
+        (_, Some(stored)) => json_body(&stored),
         _ => (StatusCode::SERVICE_UNAVAILABLE, "could not close").into_response(),
     }
 }

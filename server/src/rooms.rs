@@ -76,12 +76,11 @@ impl Outlet {
     pub fn new() -> (Self, mpsc::Receiver<Queued>) {
         let (tx, rx) = mpsc::channel(256);
         let bytes = Arc::new(Semaphore::new(OUTLET_BYTES));
-        let (since, started_ms) = (Seq::ZERO, 0);
         let out = Self {
             tx,
             bytes,
-            since,
-            started_ms,
+            since: Seq::ZERO,
+            started_ms: 0,
         };
         (out, rx)
     }

@@ -979,10 +979,11 @@ impl GroupCommit {
     fn slot(&self, max: usize, busy: &'static str) -> Option<Slot> {
         let taken = self.commands.fetch_add(1, Ordering::Relaxed);
         let slot = Slot(self.commands.clone());
-        if taken >= max {
-            metrics::counter!(busy).increment(1);
+        if taken < max {
+            return Some(slot);
         }
-        (taken < max).then_some(slot)
+        metrics::counter!(busy).increment(1);
+        None
     }
 
     /// Queues the job now; the returned future resolves to its answer.
