@@ -32,6 +32,7 @@ pub const PRESENCE_CHUNK: usize = 1024;
 #[derive(Debug, Clone)]
 pub enum Bcast {
     Item {
+        seq: Seq,
         assignment: Option<Arc<SignedAssignment>>,
         frame: Utf8Bytes,
     },
@@ -297,7 +298,8 @@ impl Room {
         if item.seq() <= st.seq {
             return;
         }
-        st.seq = item.seq();
+        let seq = item.seq();
+        st.seq = seq;
         let (assignment, frame) = match item {
             Item::Assignment(a) => {
                 st.current = a.clone();
@@ -307,6 +309,7 @@ impl Room {
             Item::Event(e) => (None, encode_server(&ServerMsg::Event(e))),
         };
         let _ = self.tx.send(Bcast::Item {
+            seq,
             assignment,
             frame: frame.into(),
         });
@@ -387,11 +390,16 @@ impl Seat {
         }
     }
 
-    /// Takes the member out of the room, its departure not announced yet.
-    pub fn vacate(&mut self) {
-        if let (true, Some(m)) = (std::mem::take(&mut self.seated), &self.member) {
-            vacate(&mut self.room.state.lock().expect("room lock"), &m.session);
-        }
+    /// Takes the member out of the room, its departure not announced yet. Returns the last seq
+    /// published here while it was in (`None`: it was out already): the notifier counts the
+    /// items up to it as got live by this session.
+    pub fn vacate(&mut self) -> Option<Seq> {
+        let (true, Some(m)) = (std::mem::take(&mut self.seated), &self.member) else {
+            return None;
+        };
+        let mut st = self.room.state.lock().expect("room lock");
+        vacate(&mut st, &m.session);
+        Some(st.seq)
     }
 
     /// Announces the departure; `after_grant`: after the grant the leaving made, which has

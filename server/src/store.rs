@@ -320,6 +320,18 @@ pub trait Store: Send + Sync + 'static {
         rows: &[(i64, RoomId, Seq, String)],
         online: &Online,
     ) -> StoreResult<usize>;
+    /// Copies the room's items `(after, upto]` from its log into `p`'s inbox, oldest first: at
+    /// most [`RECOVER_MAX`] of them and [`RECOVER_BYTES`] of their JSON (one at least). For a
+    /// session that ended without a close: the notifier counted what was published while it
+    /// was listed as got live, and the items after the last its client confirmed may never have
+    /// reached it. Returns the number copied.
+    async fn recover_inbox(
+        &self,
+        room: &RoomId,
+        p: &ParticipantId,
+        after: Seq,
+        upto: Seq,
+    ) -> StoreResult<usize>;
     /// Claims up to `limit` outbox rows due for webhook delivery (for `claim_ms`, so that another
     /// process does not send them meanwhile), oldest first.
     async fn webhook_due(&self, limit: i64, claim_ms: u64) -> StoreResult<Vec<Delivery>>;
@@ -371,6 +383,11 @@ pub type Kick = (i64, RoomId, ParticipantId, u64);
 /// row).
 const TTL: &str = "MAX(COALESCE(ttl_ms, ?), 1000)";
 const _: () = assert!(*crate::LEASE_MS.start() == 1000);
+
+/// Items [`Store::recover_inbox`] copies, at most.
+pub const RECOVER_MAX: i64 = 1024;
+/// Bytes of items [`Store::recover_inbox`] copies, at most (one item at least).
+pub const RECOVER_BYTES: i64 = 4 * 1024 * 1024;
 
 /// Outbox rows written to the offline inboxes per transaction, at most.
 const NOTIFY_CHUNK: usize = 16;
@@ -1487,6 +1504,59 @@ impl Store for SqliteStore {
             }
             tx.commit().await?;
         }
+        Ok(n)
+    }
+
+    async fn recover_inbox(
+        &self,
+        room: &RoomId,
+        p: &ParticipantId,
+        after: Seq,
+        upto: Seq,
+    ) -> StoreResult<usize> {
+        if upto <= after {
+            return Ok(0);
+        }
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        // The sizes first, the items copied within the store: up to 4 MiB is not read out.
+        let sizes: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT seq, length(item) FROM log WHERE room = ? AND seq > ? AND seq <= ? \
+             ORDER BY seq LIMIT ?",
+        )
+        .bind(room.as_str())
+        .bind(after.0 as i64)
+        .bind(upto.0 as i64)
+        .bind(RECOVER_MAX)
+        .fetch_all(&mut *tx)
+        .await?;
+        let store_item = format!(
+            "INSERT INTO inbox_items (item, created_at) \
+             SELECT item, {NOW} FROM log WHERE room = ? AND seq = ? RETURNING id"
+        );
+        let insert = format!(
+            "INSERT INTO inbox (room, participant, item, item_id, created_at) \
+             VALUES (?, ?, '', ?, {NOW})"
+        );
+        let (mut n, mut bytes) = (0, 0);
+        for (seq, size) in sizes {
+            bytes += size;
+            if bytes > RECOVER_BYTES && n > 0 {
+                break;
+            }
+            let item_id: i64 = sqlx::query_scalar(&store_item)
+                .bind(room.as_str())
+                .bind(seq)
+                .fetch_one(&mut *tx)
+                .await?;
+            sqlx::query(&insert)
+                .bind(room.as_str())
+                .bind(p.as_str())
+                .bind(item_id)
+                .execute(&mut *tx)
+                .await?;
+            n += 1;
+        }
+        tx.commit().await?;
         Ok(n)
     }
 

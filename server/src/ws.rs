@@ -110,16 +110,12 @@ impl Sink {
         Self::done(tokio::time::timeout(self.limit, self.inner.close()).await)
     }
 
-    /// Writes a WebSocket ping. Not a frame the SDK hears (the browser answers it by itself), so
-    /// it leaves `last`, the heartbeat's reference, alone.
-    async fn ping(&mut self) -> Result<(), WriteFailed> {
-        Self::done(
-            tokio::time::timeout(
-                self.limit,
-                self.inner.send(Message::Ping(Default::default())),
-            )
-            .await,
-        )
+    /// Writes a WebSocket ping carrying `sent` (its pong says the client has every item up to
+    /// it). Not a frame the SDK hears (the browser answers it by itself), so it leaves `last`,
+    /// the heartbeat's reference, alone.
+    async fn ping(&mut self, sent: Seq) -> Result<(), WriteFailed> {
+        let payload = sent.0.to_be_bytes().to_vec().into();
+        Self::done(tokio::time::timeout(self.limit, self.inner.send(Message::Ping(payload))).await)
     }
 }
 
@@ -130,6 +126,20 @@ fn remember(app: &Arc<App>, room: &RoomId, sub: &ParticipantId) {
         // A sighting past the store's queue bound is counted there, not warned of per join.
         if let Err(e) = app.store.remember_participant(&room, &sub).await {
             tracing::warn!(error = %e, "participant not recorded");
+        }
+    });
+}
+
+/// Copies (in the background) the items `(acked, upto]` of `room` into `sub`'s inbox.
+fn recover(app: &Arc<App>, room: &RoomId, sub: &ParticipantId, acked: Seq, upto: Seq) {
+    if upto <= acked {
+        return;
+    }
+    let (app, room, sub) = (app.clone(), room.clone(), sub.clone());
+    tokio::spawn(async move {
+        match app.store.recover_inbox(&room, &sub, acked, upto).await {
+            Ok(n) => metrics::counter!("hostlease_inbox_recovered_total").increment(n as u64),
+            Err(e) => tracing::warn!(error = %e, "inbox recovery failed"),
         }
     });
 }
@@ -411,6 +421,9 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         participant_refresh: Instant::now(),
         heartbeat_at: Instant::now() + heartbeat_every(&app),
         heard: Instant::now(),
+        pinged_at: Instant::now(),
+        sent: snapshot.seq,
+        acked: snapshot.seq,
         flood: Bucket::new(
             app.cfg.msg_rate * FLOOD_FACTOR,
             (app.cfg.msg_burst * FLOOD_FACTOR).max(FLOOD_MIN_BURST),
@@ -418,6 +431,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         resume_rate: Bucket::new(RESUME_RATE, RESUME_BURST),
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
+    let acked = conn.acked;
     // Seen until now: a member connected for longer than the participant retention is not
     // forgotten for the inbox the moment it leaves (not when the server is shutting down).
     if !*app.shutdown.borrow() {
@@ -429,7 +443,13 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     // connection only stops renewing (the sweeper reassigns after expiry). The room hears of the
     // departure after the grant, so the new assignment reaches every member first (a snapshot
     // taken in between already lacks the member; the late presence frame changes nothing there).
-    seat.vacate();
+    let listed_upto = seat.vacate();
+    // Gone without a close (silent, reset, closed by the server): what was published while it
+    // was listed after the last item its client confirmed goes to its inbox (a duplicate of one
+    // it did get is cheaper than a loss).
+    if let (false, false, Some(upto)) = (explicit, *app.shutdown.borrow(), listed_upto) {
+        recover(&app, &room_id, &claims.sub, acked, upto);
+    }
     let mut granted = false;
     if explicit {
         match app
@@ -467,9 +487,17 @@ struct Conn {
     /// when the timer fires (a frame sent meanwhile makes it fire early, for nothing), not on
     /// every write: a broadcast writes to every session of a room.
     heartbeat_at: Instant,
-    /// When the client's last frame (of any kind, pongs too) came: a client quiet for a
-    /// heartbeat period is pinged, one quiet for `SILENT_PERIODS` is given up.
+    /// When the client's last frame (of any kind, pongs too) came: a client quiet for
+    /// `SILENT_PERIODS` is given up.
     heard: Instant,
+    /// When the last ping went: every client is pinged once a period, quiet or not (its pong
+    /// says which items it has).
+    pinged_at: Instant,
+    /// The last seq of the items sent in order from the session's start (or its latest
+    /// welcome): one past a gap (the broadcast lagged) is sent but not counted.
+    sent: Seq,
+    /// The last seq the client confirmed having, by the pong for a ping that carried it.
+    acked: Seq,
     /// Every client frame: past it, the connection is closed `rate_limited`.
     flood: Bucket,
     /// Resumes: past it, a resume waits for its turn.
@@ -667,6 +695,8 @@ impl Conn {
             }
         }
         let epoch = snapshot.current.assignment.epoch;
+        // The client has every item up to the snapshot once it reads this.
+        self.sent = self.sent.max(snapshot.seq);
         if names_me {
             self.host_ttl = snapshot.current.assignment.lease_ms.max(3);
         }
@@ -778,12 +808,15 @@ impl Conn {
             if self.sink.last + every <= now && !self.send(&ServerMsg::Heartbeat).await {
                 return Flow::End(false);
             }
-            if self.heard + every <= now && self.sink.ping().await.is_err() {
-                return Flow::End(false);
+            if self.pinged_at + every <= now {
+                self.pinged_at = now;
+                if self.sink.ping(self.sent).await.is_err() {
+                    return Flow::End(false);
+                }
             }
-            // The next look comes within a period (`last` is now at the latest): a quiet client is
-            // pinged about once a period.
-            self.heartbeat_at = self.sink.last + every;
+            // The next look comes within a period (`last` and `pinged_at` are now at the
+            // latest): a client is pinged once a period.
+            self.heartbeat_at = self.sink.last.min(self.pinged_at) + every;
         }
         Flow::Continue
     }
@@ -968,11 +1001,16 @@ impl Conn {
         if self.sink.feed(Message::Text(f)).await.is_err() {
             return Flow::End(false);
         }
-        if let Bcast::Item {
-            assignment: Some(a),
-            ..
+        let Bcast::Item {
+            seq, assignment, ..
         } = b
-        {
+        else {
+            return Flow::Continue;
+        };
+        if seq == self.sent.next() {
+            self.sent = seq;
+        }
+        if let Some(a) = assignment {
             if a.assignment.names(&self.me, &self.session) {
                 // A new grant to this session: the assignment went first, the probe follows.
                 self.host_ttl = a.assignment.lease_ms.max(3);
@@ -1043,7 +1081,16 @@ impl Conn {
         }
         let text = match m {
             Message::Text(t) => t,
-            Message::Ping(_) | Message::Pong(_) => return Flow::Continue,
+            Message::Pong(p) => {
+                // Its payload is the `sent` of a ping (never past the latest: a pong is anyone's
+                // to send unasked).
+                if let Ok(b) = <[u8; 8]>::try_from(&p[..]) {
+                    let seq = Seq(u64::from_be_bytes(b)).min(self.sent);
+                    self.acked = self.acked.max(seq);
+                }
+                return Flow::Continue;
+            }
+            Message::Ping(_) => return Flow::Continue,
             Message::Binary(_) => {
                 close_with(
                     &mut self.sink,

@@ -1402,17 +1402,7 @@ async fn a_client_that_answers_nothing_is_given_up() {
     let _ = ptoken(&mut a).await;
     // From here alice reads nothing, so the pings queue unanswered.
     let mut b = srv.raw("dead", "bob", false).await;
-    b.until(|m| match m {
-        ServerMsg::Presence {
-            member,
-            online: false,
-        } if member.id.as_str() == "alice" => Some(()),
-        ServerMsg::PresenceBatch { left, .. } if left.iter().any(|m| m.id.as_str() == "alice") => {
-            Some(())
-        }
-        _ => None,
-    })
-    .await;
+    b.until(left("alice")).await;
     // (The recorder is shared by this file's tests: at least alice.)
     let given_up: f64 = srv
         .metrics()
@@ -1423,6 +1413,125 @@ async fn a_client_that_answers_nothing_is_given_up() {
         .unwrap_or(0.0);
     assert!(given_up >= 1.0, "{given_up}");
     drop(a);
+}
+
+/// Matches the room hearing that `who` left.
+fn left(who: &str) -> impl FnMut(&ServerMsg) -> Option<()> + '_ {
+    move |m| match m {
+        ServerMsg::Presence {
+            member,
+            online: false,
+        } if member.id.as_str() == who => Some(()),
+        ServerMsg::PresenceBatch { left, .. } if left.iter().any(|m| m.id.as_str() == who) => {
+            Some(())
+        }
+        _ => None,
+    }
+}
+
+/// A client gone without a close gets in its inbox what was published after the last item it
+/// confirmed (by the pong to a ping, which carries the last seq sent), and not what it
+/// confirmed. The notifier counts what is published while a session is listed as got live, and
+/// a dead connection stays listed for a few heartbeat periods: those items reached neither the
+/// client nor its inbox.
+#[tokio::test]
+async fn a_client_gone_silent_gets_what_it_did_not_confirm_in_its_inbox() {
+    let srv = start(hostlease_server::Config {
+        heartbeat_ms: 1000,
+        ..test_config()
+    })
+    .await;
+    let ta = join_token(&srv.app_key, "gone", "alice", false);
+    let mut a = Raw::join(srv.addr, "gone", &ta, None).await;
+    let _ = ptoken(&mut a).await;
+    let confirmed = vote_and_leave(&srv, "gone", "bob").await;
+    // Alice reads it and two heartbeats after: a ping went between (one a period), and reading
+    // on sent its pong.
+    a.until(|m| matches!(m, ServerMsg::Event(e) if e.seq == confirmed).then_some(()))
+        .await;
+    for _ in 0..2 {
+        a.until(|m| matches!(m, ServerMsg::Heartbeat).then_some(()))
+            .await;
+    }
+    // From here alice reads nothing and answers no ping; her connection stays open.
+    let inbox = missed_while_silent(&srv, "gone", &ta).await;
+    assert_eq!(inbox.len(), 1, "{inbox:?} (confirmed: {confirmed:?})");
+    drop(a);
+}
+
+/// A client that is never quiet (a host echoing its lease probes, three a lease, more often
+/// than the heartbeat period) is pinged every period all the same: its pongs confirm what it
+/// has, and gone without a close it gets only what came after in its inbox. Pinged only when
+/// quiet, it confirmed nothing after its welcome and got everything since in its inbox again.
+#[tokio::test]
+async fn a_client_never_quiet_is_pinged_and_confirms_what_it_has() {
+    let srv = start(hostlease_server::Config {
+        heartbeat_ms: 1000,
+        ..test_config()
+    })
+    .await;
+    let ta = join_token(&srv.app_key, "busy-gone", "alice", true);
+    let mut a = Raw::join(srv.addr, "busy-gone", &ta, None).await;
+    a.until_host().await;
+    let confirmed = vote_and_leave(&srv, "busy-gone", "bob").await;
+    // Alice answers every probe for three heartbeat periods: never quiet, pinged all the same.
+    let end = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut seen = false;
+    while let Some(m) = a
+        .next(end.saturating_duration_since(tokio::time::Instant::now()))
+        .await
+    {
+        match m {
+            ServerMsg::LeaseProbe { nonce, .. } => a.send(&ClientMsg::LeaseEcho { nonce }).await,
+            ServerMsg::Event(e) if e.seq == confirmed => seen = true,
+            _ => {}
+        }
+    }
+    assert!(seen);
+    // Gone silent: her lease lapses (no one else may host) and she is given up.
+    let inbox = missed_while_silent(&srv, "busy-gone", &ta).await;
+    assert!(
+        inbox.iter().all(|&s| s > confirmed),
+        "{inbox:?} (confirmed: {confirmed:?})"
+    );
+    drop(a);
+}
+
+/// `p` joins `room`, votes and leaves; the vote's seq.
+async fn vote_and_leave(srv: &TestServer, room: &str, p: &str) -> Seq {
+    let mut b = srv.raw(room, p, false).await;
+    let token = ptoken(&mut b).await;
+    let seq = vote(&mut b, &token, "confirmed").await;
+    b.send(&ClientMsg::Leave).await;
+    let _ = b.until_closed().await;
+    seq
+}
+
+/// Carol joins `room`, votes, and waits for alice (silent) to be given up; the seqs of alice's
+/// inbox (`ta`: her join token) once it holds the vote.
+async fn missed_while_silent(srv: &TestServer, room: &str, ta: &Token) -> Vec<Seq> {
+    let mut c = srv.raw(room, "carol", false).await;
+    let token = ptoken(&mut c).await;
+    let missed = vote(&mut c, &token, "missed").await;
+    c.until(left("alice")).await;
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let page: InboxPage = http
+            .get(format!("http://{}/v1/rooms/{room}/inbox?since=0", srv.addr))
+            .bearer_auth(ta.expose())
+            .send()
+            .await
+            .unwrap()
+            .protocol()
+            .await;
+        let seqs: Vec<Seq> = page.entries.iter().map(|e| e.item.seq()).collect();
+        if seqs.contains(&missed) {
+            return seqs;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{page:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A burst of resumes (each a log read and a welcome of up to 1 MiB) is answered in full, on
@@ -1715,6 +1824,15 @@ impl hostlease_server::store::Store for Slowed {
         o: &hostlease_server::store::Online,
     ) -> StoreResult<usize> {
         self.store.notify(r, o).await
+    }
+    async fn recover_inbox(
+        &self,
+        r: &RoomId,
+        p: &ParticipantId,
+        a: Seq,
+        u: Seq,
+    ) -> StoreResult<usize> {
+        self.store.recover_inbox(r, p, a, u).await
     }
     async fn webhook_due(&self, l: i64, c: u64) -> StoreResult<Vec<Delivery>> {
         self.store.webhook_due(l, c).await
