@@ -76,6 +76,8 @@ struct Sink {
     /// When frames were last written (a send or a flush; every queued frame is flushed): the
     /// heartbeat's reference, read once per write, not once per broadcast frame queued.
     last: Instant,
+    /// A close frame was written (after every frame before it): the server ended the session.
+    closed: bool,
 }
 
 impl Sink {
@@ -93,7 +95,10 @@ impl Sink {
     /// Writes and flushes one frame.
     async fn send(&mut self, m: Message) -> Result<(), WriteFailed> {
         self.last = Instant::now();
-        Self::done(tokio::time::timeout(self.limit, self.inner.send(m)).await)
+        let close = matches!(m, Message::Close(_));
+        let sent = Self::done(tokio::time::timeout(self.limit, self.inner.send(m)).await);
+        self.closed |= close && sent.is_ok();
+        sent
     }
 
     /// Queues one frame (written when the buffer fills or at the next flush).
@@ -242,6 +247,7 @@ pub async fn run(app: Arc<App>, room_id: RoomId, address: IpAddr, socket: WebSoc
         inner: sink,
         limit: Duration::from_millis(app.cfg.write_timeout_ms),
         last: Instant::now(),
+        closed: false,
     };
     if count > app.cfg.max_connections {
         close_with(
@@ -431,6 +437,8 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         resume_rate: Bucket::new(RESUME_RATE, RESUME_BURST),
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
+    // Lost: neither side closed (a server close goes after everything sent before it).
+    let lost = !explicit && !conn.sink.closed;
     let acked = conn.acked;
     // Seen until now: a member connected for longer than the participant retention is not
     // forgotten for the inbox the moment it leaves (not when the server is shutting down).
@@ -444,10 +452,10 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     // departure after the grant, so the new assignment reaches every member first (a snapshot
     // taken in between already lacks the member; the late presence frame changes nothing there).
     let listed_upto = seat.vacate();
-    // Gone without a close (silent, reset, closed by the server): what was published while it
-    // was listed after the last item its client confirmed goes to its inbox (a duplicate of one
-    // it did get is cheaper than a loss).
-    if let (false, false, Some(upto)) = (explicit, *app.shutdown.borrow(), listed_upto) {
+    // Gone without a close (silent, reset, a write failed): what was published while it was
+    // listed after the last item its client confirmed goes to its inbox (a duplicate of one it
+    // did get is cheaper than a loss).
+    if let (true, false, Some(upto)) = (lost, *app.shutdown.borrow(), listed_upto) {
         recover(&app, &room_id, &claims.sub, acked, upto);
     }
     let mut granted = false;

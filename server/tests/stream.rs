@@ -1444,7 +1444,7 @@ async fn a_client_gone_silent_gets_what_it_did_not_confirm_in_its_inbox() {
     let ta = join_token(&srv.app_key, "gone", "alice", false);
     let mut a = Raw::join(srv.addr, "gone", &ta, None).await;
     let _ = ptoken(&mut a).await;
-    let confirmed = vote_and_leave(&srv, "gone", "bob").await;
+    let confirmed = vote_and_leave(&srv, "gone", "bob", "confirmed").await;
     // Alice reads it and two heartbeats after: a ping went between (one a period), and reading
     // on sent its pong.
     a.until(|m| matches!(m, ServerMsg::Event(e) if e.seq == confirmed).then_some(()))
@@ -1473,7 +1473,7 @@ async fn a_client_never_quiet_is_pinged_and_confirms_what_it_has() {
     let ta = join_token(&srv.app_key, "busy-gone", "alice", true);
     let mut a = Raw::join(srv.addr, "busy-gone", &ta, None).await;
     a.until_host().await;
-    let confirmed = vote_and_leave(&srv, "busy-gone", "bob").await;
+    let confirmed = vote_and_leave(&srv, "busy-gone", "bob", "confirmed").await;
     // Alice answers every probe for three heartbeat periods: never quiet, pinged all the same.
     let end = tokio::time::Instant::now() + Duration::from_secs(3);
     let mut seen = false;
@@ -1497,11 +1497,31 @@ async fn a_client_never_quiet_is_pinged_and_confirms_what_it_has() {
     drop(a);
 }
 
-/// `p` joins `room`, votes and leaves; the vote's seq.
-async fn vote_and_leave(srv: &TestServer, room: &str, p: &str) -> Seq {
+/// A session the server closed (here for a malformed frame) is not taken for a lost one: its
+/// close went after everything sent before it, so nothing is copied to its inbox (a client
+/// that had read it all found it there again).
+#[tokio::test]
+async fn a_session_the_server_closed_gets_no_copies_in_its_inbox() {
+    let srv = start(test_config()).await;
+    let ta = join_token(&srv.app_key, "closed-on", "alice", false);
+    let mut a = Raw::join(srv.addr, "closed-on", &ta, None).await;
+    let _ = ptoken(&mut a).await;
+    let got = vote_and_leave(&srv, "closed-on", "bob", "got").await;
+    a.until(|m| matches!(m, ServerMsg::Event(e) if e.seq == got).then_some(()))
+        .await;
+    a.send_text("{not json".into()).await;
+    assert_eq!(a.until_closed().await, Some(ErrorCode::BadFrame));
+    // What follows goes to her inbox, as to anyone away; what she got live does not.
+    let later = vote_and_leave(&srv, "closed-on", "bob", "later").await;
+    let inbox = inbox_with(&srv, "closed-on", &ta, later).await;
+    assert_eq!(inbox, [later]);
+}
+
+/// `p` joins `room`, votes (idempotency key `key`) and leaves; the vote's seq.
+async fn vote_and_leave(srv: &TestServer, room: &str, p: &str, key: &str) -> Seq {
     let mut b = srv.raw(room, p, false).await;
     let token = ptoken(&mut b).await;
-    let seq = vote(&mut b, &token, "confirmed").await;
+    let seq = vote(&mut b, &token, key).await;
     b.send(&ClientMsg::Leave).await;
     let _ = b.until_closed().await;
     seq
@@ -1514,19 +1534,24 @@ async fn missed_while_silent(srv: &TestServer, room: &str, ta: &Token) -> Vec<Se
     let token = ptoken(&mut c).await;
     let missed = vote(&mut c, &token, "missed").await;
     c.until(left("alice")).await;
+    inbox_with(srv, room, ta, missed).await
+}
+
+/// The seqs in the inbox of `token`'s participant once it holds `seq`.
+async fn inbox_with(srv: &TestServer, room: &str, token: &Token, seq: Seq) -> Vec<Seq> {
     let http = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let page: InboxPage = http
             .get(format!("http://{}/v1/rooms/{room}/inbox?since=0", srv.addr))
-            .bearer_auth(ta.expose())
+            .bearer_auth(token.expose())
             .send()
             .await
             .unwrap()
             .protocol()
             .await;
         let seqs: Vec<Seq> = page.entries.iter().map(|e| e.item.seq()).collect();
-        if seqs.contains(&missed) {
+        if seqs.contains(&seq) {
             return seqs;
         }
         assert!(tokio::time::Instant::now() < deadline, "{page:?}");
