@@ -366,7 +366,7 @@ test("a page shown again, one hidden into the back-forward cache (pagehide), or 
 });
 
 test("a quiet page is not taken for a dead one: Chromium answers the server's pings", async () => {
-  // A server that pings a session it has heard nothing from for 2 s and gives it up after 6 s:
+  // A server that pings every session every 2 s and gives one up after 6 s without a frame:
   // bob, no host (no lease probes to echo) and sending nothing, is heard only by the pongs
   // Chromium sends for those pings, through his proxy. (With 400 ms, a pong had 800 ms to get
   // through a loaded machine's test process and Chromium; with 1 s, 2 s.)

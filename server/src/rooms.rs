@@ -509,6 +509,9 @@ pub struct App {
     /// answer counts the sessions it closed (the sweeper, on a 20 ms tick, had closed them first
     /// and the answer said 0), and skips it (it would close a session joined since).
     kicking: tokio::sync::Mutex<HashSet<i64>>,
+    /// Sessions ended without a close since the notifier last looked (at most [`LOST_MAX`]): it
+    /// copies what they may have missed into their inboxes, many at once.
+    lost: Mutex<Vec<crate::store::Lost>>,
     /// How often the outbox workers paused (tests read them).
     pub pauses: Pauses,
 }
@@ -565,6 +568,7 @@ impl App {
             expired_limiter,
             room_bytes,
             kicking: tokio::sync::Mutex::new(HashSet::new()),
+            lost: Mutex::new(Vec::new()),
             pauses: Pauses::default(),
         })
     }
@@ -1053,6 +1057,23 @@ async fn publisher(app: Arc<App>, mut last: i64) {
     }
 }
 
+/// Sessions waiting for the notifier to recover their inboxes, at most: past it (a mass
+/// disconnect while the store stalls) one is left out and counted
+/// (`hostlease_inbox_not_recovered_total`).
+const LOST_MAX: usize = 65_536;
+
+impl App {
+    /// Queues `lost` for the notifier (see [`crate::store::Store::recover_inbox`]).
+    pub fn lost(&self, lost: crate::store::Lost) {
+        let mut q = self.lost.lock().expect("lost lock");
+        if q.len() < LOST_MAX {
+            q.push(lost);
+        } else {
+            metrics::counter!("hostlease_inbox_not_recovered_total").increment(1);
+        }
+    }
+}
+
 /// Outbox rows the notifier reads at a time.
 const NOTIFY_BATCH: i64 = 256;
 
@@ -1067,6 +1088,17 @@ async fn notifier(app: Arc<App>) {
     loop {
         pace(full, poll, &app.pauses.notifier).await;
         full = false;
+        let lost = std::mem::take(&mut *app.lost.lock().expect("lost lock"));
+        if !lost.is_empty() {
+            match app.store.recover_inbox(&lost).await {
+                Ok(n) => metrics::counter!("hostlease_inbox_recovered_total").increment(n as u64),
+                Err(e) => {
+                    // Tried again on the next turn (a part written already is written twice).
+                    tracing::warn!(error = %e, "inbox recovery failed");
+                    lost.into_iter().for_each(|l| app.lost(l));
+                }
+            }
+        }
         let rows = match app.store.unnotified(NOTIFY_BATCH).await {
             Ok(rows) if rows.is_empty() => continue,
             Ok(rows) => rows,

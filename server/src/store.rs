@@ -6,6 +6,7 @@
 //! decisions use the store's clock inside the SQL ([`NOW`]), never the caller's.
 
 use futures_util::TryStreamExt;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
@@ -320,18 +321,12 @@ pub trait Store: Send + Sync + 'static {
         rows: &[(i64, RoomId, Seq, String)],
         online: &Online,
     ) -> StoreResult<usize>;
-    /// Copies the room's items `(after, upto]` from its log into `p`'s inbox, oldest first: at
-    /// most [`RECOVER_MAX`] of them and [`RECOVER_BYTES`] of their JSON (one at least). For a
-    /// session that ended without a close: the notifier counted what was published while it
-    /// was listed as got live, and the items after the last its client confirmed may never have
-    /// reached it. Returns the number copied.
-    async fn recover_inbox(
-        &self,
-        room: &RoomId,
-        p: &ParticipantId,
-        after: Seq,
-        upto: Seq,
-    ) -> StoreResult<usize>;
+    /// Copies into the inbox of each [`Lost`] session's participant its room's items
+    /// `(after, upto]` from the log, in seq order: the newest [`RECOVER_MAX`] of them and at most
+    /// [`RECOVER_BYTES`] of their JSON (one at least). An item several of them lost is stored
+    /// once, and the rows are written in transactions sized as [`Store::notify`]'s. Returns the
+    /// number of inbox entries written.
+    async fn recover_inbox(&self, lost: &[Lost]) -> StoreResult<usize>;
     /// Claims up to `limit` outbox rows due for webhook delivery (for `claim_ms`, so that another
     /// process does not send them meanwhile), oldest first.
     async fn webhook_due(&self, limit: i64, claim_ms: u64) -> StoreResult<Vec<Delivery>>;
@@ -384,9 +379,20 @@ pub type Kick = (i64, RoomId, ParticipantId, u64);
 const TTL: &str = "MAX(COALESCE(ttl_ms, ?), 1000)";
 const _: () = assert!(*crate::LEASE_MS.start() == 1000);
 
-/// Items [`Store::recover_inbox`] copies, at most.
-pub const RECOVER_MAX: i64 = 1024;
-/// Bytes of items [`Store::recover_inbox`] copies, at most (one item at least).
+/// A session that ended without a close (neither side's): the notifier counted the items
+/// published while it was listed as got live, and those after the last its client confirmed
+/// (`after`) up to its end (`upto`) may never have reached it.
+#[derive(Debug, Clone)]
+pub struct Lost {
+    pub room: RoomId,
+    pub participant: ParticipantId,
+    pub after: Seq,
+    pub upto: Seq,
+}
+
+/// Items [`Store::recover_inbox`] copies for one session, at most (the newest).
+pub const RECOVER_MAX: u64 = 1024;
+/// Bytes of items [`Store::recover_inbox`] copies for one session, at most (one item at least).
 pub const RECOVER_BYTES: i64 = 4 * 1024 * 1024;
 
 /// Outbox rows written to the offline inboxes per transaction, at most.
@@ -1507,28 +1513,18 @@ impl Store for SqliteStore {
         Ok(n)
     }
 
-    async fn recover_inbox(
-        &self,
-        room: &RoomId,
-        p: &ParticipantId,
-        after: Seq,
-        upto: Seq,
-    ) -> StoreResult<usize> {
-        if upto <= after {
-            return Ok(0);
+    async fn recover_inbox(&self, lost: &[Lost]) -> StoreResult<usize> {
+        let mut rooms: BTreeMap<&RoomId, Vec<(&ParticipantId, u64, u64)>> = BTreeMap::new();
+        for l in lost {
+            // The newest `RECOVER_MAX` (a room's seqs have no holes).
+            let after = l.after.0.max(l.upto.0.saturating_sub(RECOVER_MAX));
+            if l.upto.0 > after {
+                rooms
+                    .entry(&l.room)
+                    .or_default()
+                    .push((&l.participant, after, l.upto.0));
+            }
         }
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        // The sizes first, the items copied within the store: up to 4 MiB is not read out.
-        let sizes: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT seq, length(item) FROM log WHERE room = ? AND seq > ? AND seq <= ? \
-             ORDER BY seq LIMIT ?",
-        )
-        .bind(room.as_str())
-        .bind(after.0 as i64)
-        .bind(upto.0 as i64)
-        .bind(RECOVER_MAX)
-        .fetch_all(&mut *tx)
-        .await?;
         let store_item = format!(
             "INSERT INTO inbox_items (item, created_at) \
              SELECT item, {NOW} FROM log WHERE room = ? AND seq = ? RETURNING id"
@@ -1537,26 +1533,62 @@ impl Store for SqliteStore {
             "INSERT INTO inbox (room, participant, item, item_id, created_at) \
              VALUES (?, ?, '', ?, {NOW})"
         );
-        let (mut n, mut bytes) = (0, 0);
-        for (seq, size) in sizes {
-            bytes += size;
-            if bytes > RECOVER_BYTES && n > 0 {
-                break;
+        let mut n = 0;
+        for (room, sessions) in rooms {
+            let lo = sessions.iter().map(|s| s.1).min().unwrap_or(0);
+            let hi = sessions.iter().map(|s| s.2).max().unwrap_or(0);
+            // The sizes from a reader (the items are copied within the store, never read out).
+            let sizes: BTreeMap<u64, i64> = sqlx::query_as::<_, (i64, i64)>(
+                "SELECT seq, length(CAST(item AS BLOB)) FROM log \
+                 WHERE room = ? AND seq > ? AND seq <= ?",
+            )
+            .bind(room.as_str())
+            .bind(lo as i64)
+            .bind(hi as i64)
+            .fetch_all(&self.pool)
+            .await?
+            .into_iter()
+            .map(|(seq, size)| (seq as u64, size))
+            .collect();
+            // Who gets each item: a session's newest first, up to its byte budget.
+            let mut to: BTreeMap<u64, Vec<&ParticipantId>> = BTreeMap::new();
+            for &(p, after, upto) in &sessions {
+                let mut bytes = 0;
+                for (&seq, &size) in sizes.range(after + 1..=upto).rev() {
+                    bytes += size;
+                    if bytes > RECOVER_BYTES && bytes != size {
+                        break;
+                    }
+                    to.entry(seq).or_default().push(p);
+                }
             }
-            let item_id: i64 = sqlx::query_scalar(&store_item)
-                .bind(room.as_str())
-                .bind(seq)
-                .fetch_one(&mut *tx)
-                .await?;
-            sqlx::query(&insert)
-                .bind(room.as_str())
-                .bind(p.as_str())
-                .bind(item_id)
-                .execute(&mut *tx)
-                .await?;
-            n += 1;
+            let to: Vec<(u64, Vec<&ParticipantId>)> = to.into_iter().collect();
+            let fanout: Vec<usize> = to.iter().map(|(_, ps)| ps.len()).collect();
+            for chunk in notify_chunks(&fanout) {
+                let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+                for (seq, ps) in &to[chunk] {
+                    // Trimmed from the log meanwhile: nothing to copy.
+                    let Some(item_id) = sqlx::query_scalar::<_, i64>(&store_item)
+                        .bind(room.as_str())
+                        .bind(*seq as i64)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                    else {
+                        continue;
+                    };
+                    for p in ps {
+                        sqlx::query(&insert)
+                            .bind(room.as_str())
+                            .bind(p.as_str())
+                            .bind(item_id)
+                            .execute(&mut *tx)
+                            .await?;
+                        n += 1;
+                    }
+                }
+                tx.commit().await?;
+            }
         }
-        tx.commit().await?;
         Ok(n)
     }
 

@@ -135,20 +135,6 @@ fn remember(app: &Arc<App>, room: &RoomId, sub: &ParticipantId) {
     });
 }
 
-/// Copies (in the background) the items `(acked, upto]` of `room` into `sub`'s inbox.
-fn recover(app: &Arc<App>, room: &RoomId, sub: &ParticipantId, acked: Seq, upto: Seq) {
-    if upto <= acked {
-        return;
-    }
-    let (app, room, sub) = (app.clone(), room.clone(), sub.clone());
-    tokio::spawn(async move {
-        match app.store.recover_inbox(&room, &sub, acked, upto).await {
-            Ok(n) => metrics::counter!("hostlease_inbox_recovered_total").increment(n as u64),
-            Err(e) => tracing::warn!(error = %e, "inbox recovery failed"),
-        }
-    });
-}
-
 /// Heartbeat periods a client may stay silent (no frame, not even the pong its browser sends for
 /// a ping) before its session is ended as dead: a client gone without a close (power, network,
 /// a suspended laptop) otherwise held its session, member entry and connection slot until the
@@ -456,7 +442,14 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     // listed after the last item its client confirmed goes to its inbox (a duplicate of one it
     // did get is cheaper than a loss).
     if let (true, false, Some(upto)) = (lost, *app.shutdown.borrow(), listed_upto) {
-        recover(&app, &room_id, &claims.sub, acked, upto);
+        if upto > acked {
+            app.lost(crate::store::Lost {
+                room: room_id.clone(),
+                participant: claims.sub.clone(),
+                after: acked,
+                upto,
+            });
+        }
     }
     let mut granted = false;
     if explicit {

@@ -10,8 +10,8 @@ use hostlease::protocol::{
     Role, RoomId, Seq, SessionId,
 };
 use hostlease_server::store::{
-    notify_chunks, CommandReq, GrantOutcome, GrantReq, Renewed, SqliteStore, Store,
-    INBOX_RETENTION_MS, PARTICIPANT_RETENTION_MS,
+    notify_chunks, CommandReq, GrantOutcome, GrantReq, Lost, Renewed, SqliteStore, Store,
+    INBOX_RETENTION_MS, PARTICIPANT_RETENTION_MS, RECOVER_MAX,
 };
 use hostlease_server::tokens::{CapClaims, Keypair};
 use serde_json::json;
@@ -476,6 +476,55 @@ async fn a_batch_split_by_its_entries_reaches_every_participant_once() {
     let p = ParticipantId::new("p1500").unwrap();
     let got = store.inbox(&room, &p, 0, 100, usize::MAX).await.unwrap();
     assert_eq!(got.entries.len(), 2);
+}
+
+/// Inbox recovery for sessions ended without a close: an item several of them lost is stored
+/// once, each gets its own range in seq order, and one that lost more than `RECOVER_MAX` items
+/// gets the newest (a client that never answered a ping confirmed nothing since it joined).
+#[tokio::test]
+async fn recovered_items_are_stored_once_each_session_its_newest() {
+    let (_dir, store) = temp_store().await;
+    common::backlog(&store, "rec", RECOVER_MAX + 76).await;
+    let room = RoomId::new("rec").unwrap();
+    let pid = |s: &str| ParticipantId::new(s).unwrap();
+    let lost = |p: &str, after: u64, upto: u64| Lost {
+        room: room.clone(),
+        participant: pid(p),
+        after: Seq(after),
+        upto: Seq(upto),
+    };
+    let top = RECOVER_MAX + 76;
+    let n = store
+        .recover_inbox(&[
+            lost("ann", top - 10, top),
+            lost("bob", top - 5, top - 1),
+            lost("cat", 0, top),
+            lost("dan", 7, 7),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(n as u64, 10 + 4 + RECOVER_MAX);
+    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM inbox_items")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(stored as u64, RECOVER_MAX, "each item once");
+    for (p, from, to) in [
+        ("ann", top - 9, top),
+        ("bob", top - 4, top - 1),
+        ("cat", top - RECOVER_MAX + 1, top),
+    ] {
+        let seqs: Vec<u64> = store
+            .inbox(&room, &pid(p), 0, 2 * RECOVER_MAX as i64, usize::MAX)
+            .await
+            .unwrap()
+            .entries
+            .iter()
+            .map(|e| e.item.seq().0)
+            .collect();
+        assert_eq!(seqs, (from..=to).collect::<Vec<_>>(), "{p}");
+    }
+    assert_eq!(inbox_len(&store, &room, &pid("dan")).await, 0);
 }
 
 /// Writes every pending outbox row into the inboxes of the room's participants, all offline.

@@ -1509,6 +1509,18 @@ async fn a_session_the_server_closed_gets_no_copies_in_its_inbox() {
     let got = vote_and_leave(&srv, "closed-on", "bob", "got").await;
     a.until(|m| matches!(m, ServerMsg::Event(e) if e.seq == got).then_some(()))
         .await;
+    // Once the notifier has counted it as got live (after, it would go to her inbox anyway).
+    let db = srv.db().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM outbox WHERE notified_at IS NULL")
+        .fetch_one(&db)
+        .await
+        .unwrap()
+        > 0
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never notified");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     a.send_text("{not json".into()).await;
     assert_eq!(a.until_closed().await, Some(ErrorCode::BadFrame));
     // What follows goes to her inbox, as to anyone away; what she got live does not.
@@ -1850,14 +1862,8 @@ impl hostlease_server::store::Store for Slowed {
     ) -> StoreResult<usize> {
         self.store.notify(r, o).await
     }
-    async fn recover_inbox(
-        &self,
-        r: &RoomId,
-        p: &ParticipantId,
-        a: Seq,
-        u: Seq,
-    ) -> StoreResult<usize> {
-        self.store.recover_inbox(r, p, a, u).await
+    async fn recover_inbox(&self, l: &[hostlease_server::store::Lost]) -> StoreResult<usize> {
+        self.store.recover_inbox(l).await
     }
     async fn webhook_due(&self, l: i64, c: u64) -> StoreResult<Vec<Delivery>> {
         self.store.webhook_due(l, c).await
