@@ -276,6 +276,8 @@ export interface InboxEntry {
 }
 
 export interface InboxPage {
+  /** In cursor order. An item can repeat one the page got live (a connection that died without
+   * a close), and come after newer ones: order and de-duplicate by `item.seq`. */
   entries: InboxEntry[];
   /** Pass as `since` to read on; `null` when everything was read. */
   next: number | null;

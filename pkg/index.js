@@ -177,7 +177,8 @@ function inboxPage(body) {
 
 /**
  * Reads a participant's durable inbox over HTTP: what was committed in `room` while it was not
- * connected, oldest first. For apps that come back after a while (or a service worker) and want
+ * connected, in cursor order (copies for a connection that died without a close can repeat items
+ * and come after newer ones: order and de-duplicate by `item.seq`). For apps that come back after a while (or a service worker) and want
  * to show what they missed without joining. Options: `url` (the server's base URL, ws(s) or
  * http(s)), `room`, `token` (the participant's join token; it travels in the `Authorization`
  * header, never in the URL), `since` (a cursor from an earlier call; default 0).

@@ -1074,6 +1074,9 @@ impl App {
     }
 }
 
+/// Lost sessions the notifier recovers the inboxes of per turn, at most.
+const RECOVER_BATCH: usize = 1024;
+
 /// Outbox rows the notifier reads at a time.
 const NOTIFY_BATCH: i64 = 256;
 
@@ -1087,15 +1090,31 @@ async fn notifier(app: Arc<App>) {
     let mut full = false;
     loop {
         pace(full, poll, &app.pauses.notifier).await;
-        full = false;
-        let lost = std::mem::take(&mut *app.lost.lock().expect("lost lock"));
-        if !lost.is_empty() {
-            match app.store.recover_inbox(&lost).await {
+        // Up to a batch of the sessions lost, a room at a time; the next turn comes at once
+        // while more wait. A room that failed is tried again with the ones after it (a part of
+        // it written already is then written twice: a duplicate, not a loss).
+        let lost: Vec<crate::store::Lost> = {
+            let mut q = app.lost.lock().expect("lost lock");
+            let n = q.len().min(RECOVER_BATCH);
+            full = q.len() > n;
+            q.drain(..n).collect()
+        };
+        let mut rooms: std::collections::BTreeMap<RoomId, Vec<crate::store::Lost>> =
+            std::collections::BTreeMap::new();
+        for l in lost {
+            rooms.entry(l.room.clone()).or_default().push(l);
+        }
+        let mut rooms = rooms.into_values();
+        while let Some(room) = rooms.next() {
+            match app.store.recover_inbox(&room).await {
                 Ok(n) => metrics::counter!("hostlease_inbox_recovered_total").increment(n as u64),
                 Err(e) => {
-                    // Tried again on the next turn (a part written already is written twice).
                     tracing::warn!(error = %e, "inbox recovery failed");
-                    lost.into_iter().for_each(|l| app.lost(l));
+                    full = false; // the store failed: a pause before the next try
+                    room.into_iter()
+                        .chain(rooms.flatten())
+                        .for_each(|l| app.lost(l));
+                    break;
                 }
             }
         }
@@ -1136,7 +1155,7 @@ async fn notifier(app: Arc<App>) {
         match app.store.notify(&rows, &online).await {
             Ok(n) => {
                 metrics::counter!("hostlease_outbox_notified_total").increment(n as u64);
-                full = rows.len() as i64 == NOTIFY_BATCH;
+                full |= rows.len() as i64 == NOTIFY_BATCH;
             }
             Err(e) => tracing::warn!(error = %e, "outbox notify failed"),
         }

@@ -1550,8 +1550,9 @@ impl Store for SqliteStore {
             .into_iter()
             .map(|(seq, size)| (seq as u64, size))
             .collect();
-            // Who gets each item: a session's newest first, up to its byte budget.
-            let mut to: BTreeMap<u64, Vec<&ParticipantId>> = BTreeMap::new();
+            // Who gets each item: a session's newest first, up to its byte budget (a participant
+            // once, whatever the number of its sessions lost together).
+            let mut to: BTreeMap<u64, std::collections::BTreeSet<&ParticipantId>> = BTreeMap::new();
             for &(p, after, upto) in &sessions {
                 let mut bytes = 0;
                 for (&seq, &size) in sizes.range(after + 1..=upto).rev() {
@@ -1559,10 +1560,10 @@ impl Store for SqliteStore {
                     if bytes > RECOVER_BYTES && bytes != size {
                         break;
                     }
-                    to.entry(seq).or_default().push(p);
+                    to.entry(seq).or_default().insert(p);
                 }
             }
-            let to: Vec<(u64, Vec<&ParticipantId>)> = to.into_iter().collect();
+            let to: Vec<_> = to.into_iter().collect();
             let fanout: Vec<usize> = to.iter().map(|(_, ps)| ps.len()).collect();
             for chunk in notify_chunks(&fanout) {
                 let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
