@@ -1253,6 +1253,29 @@ pub fn prune_sql() -> [String; 9] {
     ]
 }
 
+/// Writes a row into the inbox in `room` of each of `ps`, pointing at the stored item `item_id`;
+/// the number written.
+async fn inbox_rows(
+    tx: &mut sqlx::SqliteConnection,
+    room: &RoomId,
+    ps: &[&ParticipantId],
+    item_id: i64,
+) -> StoreResult<usize> {
+    let insert = format!(
+        "INSERT INTO inbox (room, participant, item, item_id, created_at) \
+         VALUES (?, ?, '', ?, {NOW})"
+    );
+    for p in ps {
+        sqlx::query(&insert)
+            .bind(room.as_str())
+            .bind(p.as_str())
+            .bind(item_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(ps.len())
+}
+
 impl SqliteStore {
     /// Runs one of [`prune_sql`]'s deletes until a batch comes back short, each batch its own
     /// transaction on the writer, so that what is queued for it goes in between.
@@ -1456,10 +1479,6 @@ impl Store for SqliteStore {
             format!("UPDATE outbox SET notified_at = {NOW} WHERE id = ? AND notified_at IS NULL");
         let store_item =
             format!("INSERT INTO inbox_items (item, created_at) VALUES (?, {NOW}) RETURNING id");
-        let insert = format!(
-            "INSERT INTO inbox (room, participant, item, item_id, created_at) \
-             VALUES (?, ?, '', ?, {NOW})"
-        );
         // Who gets a row; counted for every row before any transaction, to size them (the
         // lists themselves one row at a time: a batch of a room with thousands away is millions).
         fn away<'a>(
@@ -1497,14 +1516,7 @@ impl Store for SqliteStore {
                         .bind(item)
                         .fetch_one(&mut *tx)
                         .await?;
-                    for p in away {
-                        sqlx::query(&insert)
-                            .bind(room.as_str())
-                            .bind(p.as_str())
-                            .bind(item_id)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
+                    inbox_rows(&mut tx, room, &away, item_id).await?;
                 }
                 n += 1;
             }
@@ -1528,10 +1540,6 @@ impl Store for SqliteStore {
         let store_item = format!(
             "INSERT INTO inbox_items (item, created_at) \
              SELECT item, {NOW} FROM log WHERE room = ? AND seq = ? RETURNING id"
-        );
-        let insert = format!(
-            "INSERT INTO inbox (room, participant, item, item_id, created_at) \
-             VALUES (?, ?, '', ?, {NOW})"
         );
         let mut n = 0;
         for (room, sessions) in rooms {
@@ -1563,7 +1571,10 @@ impl Store for SqliteStore {
                     to.entry(seq).or_default().insert(p);
                 }
             }
-            let to: Vec<_> = to.into_iter().collect();
+            let to: Vec<(u64, Vec<&ParticipantId>)> = to
+                .into_iter()
+                .map(|(seq, ps)| (seq, ps.into_iter().collect()))
+                .collect();
             let fanout: Vec<usize> = to.iter().map(|(_, ps)| ps.len()).collect();
             for chunk in notify_chunks(&fanout) {
                 let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
@@ -1577,15 +1588,7 @@ impl Store for SqliteStore {
                     else {
                         continue;
                     };
-                    for p in ps {
-                        sqlx::query(&insert)
-                            .bind(room.as_str())
-                            .bind(p.as_str())
-                            .bind(item_id)
-                            .execute(&mut *tx)
-                            .await?;
-                        n += 1;
-                    }
+                    n += inbox_rows(&mut tx, room, ps, item_id).await?;
                 }
                 tx.commit().await?;
             }

@@ -466,24 +466,7 @@ async fn offline_members_get_a_durable_inbox() {
     // Wait until bob is gone from the membership, then act.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let seq = vote(&mut c, &p, "while-bob-away").await;
-    let http = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let page: InboxPage = http
-            .get(format!("http://{}/v1/rooms/ib/inbox?since=0", srv.addr))
-            .bearer_auth(tb.expose())
-            .send()
-            .await
-            .unwrap()
-            .protocol()
-            .await;
-        if page.entries.iter().any(|e| e.item.seq() == seq) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "inbox never filled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = RoomId::new("ib");
+    inbox_with(&srv, "ib", &tb, seq).await;
 }
 
 /// A member whose page was reloaded (a fresh hello, no cursor) before the notifier ran gets what
@@ -507,24 +490,17 @@ async fn a_member_back_before_the_notifier_ran_still_gets_what_it_missed() {
     let seq = vote(&mut c, &p, "while-bob-away").await;
     let mut b = Raw::join(srv.addr, "ib2", &tb, None).await;
     let _ = ptoken(&mut b).await;
-    let http = reqwest::Client::new();
-    let inbox = |token: &Token| {
-        http.get(format!("http://{}/v1/rooms/ib2/inbox?since=0", srv.addr))
-            .bearer_auth(token.expose())
-            .send()
-    };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let page: InboxPage = inbox(&tb).await.unwrap().protocol().await;
-        if page.entries.iter().any(|e| e.item.seq() == seq) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "inbox never filled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    inbox_with(&srv, "ib2", &tb, seq).await;
     // Written in the same pass: carol, connected throughout, got it live and has no entry.
     let tc = join_token(&srv.app_key, "ib2", "carol", false);
-    let page: InboxPage = inbox(&tc).await.unwrap().protocol().await;
+    let page: InboxPage = reqwest::Client::new()
+        .get(format!("http://{}/v1/rooms/ib2/inbox?since=0", srv.addr))
+        .bearer_auth(tc.expose())
+        .send()
+        .await
+        .unwrap()
+        .protocol()
+        .await;
     assert!(page.entries.iter().all(|e| e.item.seq() != seq), "{page:?}");
     drop(b);
 }
