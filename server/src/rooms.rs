@@ -1077,6 +1077,9 @@ impl App {
 /// Lost sessions the notifier recovers the inboxes of per turn, at most.
 const RECOVER_BATCH: usize = 1024;
 
+/// How long the notifier waits for the rows it read to be published here.
+const NOTIFY_PUBLISH_WAIT: Duration = Duration::from_secs(1);
+
 /// Outbox rows the notifier reads at a time.
 const NOTIFY_BATCH: i64 = 256;
 
@@ -1126,14 +1129,29 @@ async fn notifier(app: Arc<App>) {
                 continue;
             }
         };
-        let hubs: Vec<Arc<Room>> = {
-            let rooms: HashSet<&RoomId> = rows.iter().map(|(_, room, ..)| room).collect();
+        // Each room's newest seq in the batch.
+        let mut newest: HashMap<&RoomId, Seq> = HashMap::new();
+        for (_, room, seq, _) in &rows {
+            let n = newest.entry(room).or_insert(*seq);
+            *n = (*n).max(*seq);
+        }
+        let hubs: Vec<(Arc<Room>, Seq)> = {
             let map = app.rooms.lock().expect("rooms lock");
-            rooms
-                .into_iter()
-                .filter_map(|r| map.get(r).cloned())
+            newest
+                .iter()
+                .filter_map(|(r, seq)| map.get(*r).map(|h| (h.clone(), *seq)))
                 .collect()
         };
+        // The rows just committed are published here first (the publisher is woken by each
+        // commit; a few ms): read before, a member connected throughout counted as away for
+        // them and got an inbox copy of what it had live. Past the bound (a publisher behind),
+        // the copies go as before: a duplicate, not a loss.
+        futures_util::future::join_all(
+            hubs.iter()
+                .map(|(r, seq)| r.wait_published(*seq, NOTIFY_PUBLISH_WAIT)),
+        )
+        .await;
+        let hubs: Vec<Arc<Room>> = hubs.into_iter().map(|(r, _)| r).collect();
         // Who got what live here: a participant's items from the earliest subscription point of
         // its sessions on, up to the last one published here. An item from before (it joined
         // after the commit: a page reloaded, or back before this ran) or not yet published here

@@ -526,7 +526,7 @@ impl Conn {
         mut drx: mpsc::Receiver<crate::rooms::Queued>,
         stream: &mut Stream,
     ) -> bool {
-        if !self.welcome(snapshot, resume).await {
+        if !self.welcome(snapshot, resume, false).await {
             return false;
         }
         if !self.send_participant_capability().await {
@@ -640,11 +640,15 @@ impl Conn {
 
     /// The welcome for `hello`/`resume`: the snapshot, and the items after `resume` up to it
     /// (the newest `MAX_REPLAY` within `REPLAY_BYTES`; older or trimmed ones are announced as a
-    /// gap). Queued on the sink; the caller flushes.
+    /// gap). Queued on the sink; the caller flushes. `midway`: a `resume` on the live session,
+    /// whose gap was published while it was listed (counted as got live): it goes to the inbox
+    /// (as far as the log still has it). A hello's gap is there already (published while the
+    /// participant was away, or recovered from the session that lost it).
     async fn welcome(
         &mut self,
         mut snapshot: hostlease::protocol::Snapshot,
         resume: Option<Seq>,
+        midway: bool,
     ) -> bool {
         let mut missed = Vec::new();
         let mut discontinuity = None;
@@ -680,6 +684,14 @@ impl Conn {
                     }
                 }
             }
+        }
+        if let (true, Some(gap)) = (midway, discontinuity) {
+            self.app.lost(crate::store::Lost {
+                room: self.room.id.clone(),
+                participant: self.me.clone(),
+                after: Seq(gap.from.0.saturating_sub(1)),
+                upto: gap.to,
+            });
         }
         let names_me = snapshot.current.assignment.names(&self.me, &self.session);
         // The lease a welcome tells its host of, with the host capability that goes with it.
@@ -1139,7 +1151,7 @@ impl Conn {
                 // right after it. A fresh participant token follows, as after a hello: a client
                 // whose token ran out (a sleep) resumes to get one.
                 let snapshot = self.app.snapshot(&self.room, None);
-                if self.welcome(snapshot, Some(cursor)).await
+                if self.welcome(snapshot, Some(cursor), true).await
                     && self.send_participant_capability().await
                 {
                     Flow::Continue

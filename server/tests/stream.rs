@@ -1505,6 +1505,37 @@ async fn a_session_the_server_closed_gets_no_copies_in_its_inbox() {
     assert_eq!(inbox, [later]);
 }
 
+/// The gap a resume on a live session cannot fill (its replay is past the 1 MiB budget) goes
+/// to the participant's inbox: it was published while the session was listed, so the notifier
+/// counted it as got live, and the client had it nowhere to read.
+#[tokio::test]
+async fn a_gap_a_live_resume_cannot_fill_goes_to_the_inbox() {
+    let srv = start(test_config()).await;
+    let ta = join_token(&srv.app_key, "gap", "alice", false);
+    let mut a = Raw::join(srv.addr, "gap", &ta, None).await;
+    let _ = ptoken(&mut a).await;
+    let mut b = srv.raw("gap", "bob", false).await;
+    let p = ptoken(&mut b).await;
+    // 1.2 MB of votes, in the room's byte burst.
+    let big = "x".repeat(50_000);
+    for i in 0..24 {
+        b.send(&vote_frame(
+            &p,
+            &format!("v{i}"),
+            serde_json::json!({ "big": big }),
+        ))
+        .await;
+        let o = result_of(&mut b, &format!("v{i}")).await;
+        assert!(matches!(o, Outcome::Accepted { .. }), "{o:?}");
+    }
+    a.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+    let (_, _, gap) = a.until(welcome).await;
+    let gap = gap.expect("a gap");
+    let mut inbox = inbox_with(&srv, "gap", &ta, gap.to).await;
+    inbox.sort();
+    assert_eq!(inbox, (gap.from.0..=gap.to.0).map(Seq).collect::<Vec<_>>());
+}
+
 /// `p` joins `room`, votes (idempotency key `key`) and leaves; the vote's seq.
 async fn vote_and_leave(srv: &TestServer, room: &str, p: &str, key: &str) -> Seq {
     let mut b = srv.raw(room, p, false).await;
@@ -2028,6 +2059,38 @@ async fn vote_while_the_publisher_lags(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     (publish, a)
+}
+
+/// The notifier waits (up to a second) for the rows it read to be published here before it
+/// reads who is connected: a member connected throughout gets a row its process published a
+/// moment late live, and no inbox copy of it (it got one: counted as away for it).
+#[tokio::test]
+async fn a_member_connected_throughout_gets_no_copy_of_a_row_published_late() {
+    let dir = tempfile::tempdir().unwrap();
+    let (publish, mut a) = vote_while_the_publisher_lags(&dir, 15_000).await;
+    // The notifier (every 40 ms) reads the row meanwhile.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    publish.send_replace(true);
+    event_then_result(&mut a).await;
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("h.db").display()))
+        .await
+        .unwrap();
+    let count = |q: &'static str| {
+        let db = db.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(q)
+                .fetch_one(&db)
+                .await
+                .unwrap()
+        }
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while count("SELECT COUNT(*) FROM outbox WHERE notified_at IS NULL").await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never notified");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(count("SELECT COUNT(*) FROM participants").await, 1);
+    assert_eq!(count("SELECT COUNT(*) FROM inbox").await, 0);
 }
 
 /// Reads the event of vote `v` (seq 1), then its result, and nothing else in between.
