@@ -1142,16 +1142,22 @@ async fn notifier(app: Arc<App>) {
                 .filter_map(|(r, seq)| map.get(*r).map(|h| (h.clone(), *seq)))
                 .collect()
         };
+        // Only where someone is connected to count as got live (a hub loading, or let go of,
+        // may never publish them).
+        let (waited, idle): (Vec<_>, Vec<_>) = hubs
+            .into_iter()
+            .partition(|(r, _)| !r.state.lock().expect("room lock").conns.is_empty());
         // The rows just committed are published here first (the publisher is woken by each
         // commit; a few ms): read before, a member connected throughout counted as away for
         // them and got an inbox copy of what it had live. Past the bound (a publisher behind),
         // the copies go as before: a duplicate, not a loss.
         futures_util::future::join_all(
-            hubs.iter()
+            waited
+                .iter()
                 .map(|(r, seq)| r.wait_published(*seq, NOTIFY_PUBLISH_WAIT)),
         )
         .await;
-        let hubs: Vec<Arc<Room>> = hubs.into_iter().map(|(r, _)| r).collect();
+        let hubs: Vec<Arc<Room>> = waited.into_iter().chain(idle).map(|(r, _)| r).collect();
         // Who got what live here: a participant's items from the earliest subscription point of
         // its sessions on, up to the last one published here. An item from before (it joined
         // after the commit: a page reloaded, or back before this ran) or not yet published here

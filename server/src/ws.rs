@@ -416,6 +416,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
         pinged_at: Instant::now(),
         sent: snapshot.seq,
         acked: snapshot.seq,
+        queued_upto: snapshot.seq,
         flood: Bucket::new(
             app.cfg.msg_rate * FLOOD_FACTOR,
             (app.cfg.msg_burst * FLOOD_FACTOR).max(FLOOD_MIN_BURST),
@@ -425,7 +426,8 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
     // Lost: neither side closed (a server close goes after everything sent before it).
     let lost = !explicit && !conn.sink.closed;
-    let acked = conn.acked;
+    // What its gaps queued already is not queued again.
+    let acked = conn.acked.max(conn.queued_upto);
     // Seen until now: a member connected for longer than the participant retention is not
     // forgotten for the inbox the moment it leaves (not when the server is shutting down).
     if !*app.shutdown.borrow() {
@@ -499,6 +501,10 @@ struct Conn {
     sent: Seq,
     /// The last seq the client confirmed having, by the pong for a ping that carried it.
     acked: Seq,
+    /// Every item up to it was sent, or published before the session began, or queued for the
+    /// inbox as a resume's gap: a gap is queued from past it only (a client resuming from 0
+    /// again and again queues nothing more).
+    queued_upto: Seq,
     /// Every client frame: past it, the connection is closed `rate_limited`.
     flood: Bucket,
     /// Resumes: past it, a resume waits for its turn.
@@ -686,12 +692,16 @@ impl Conn {
             }
         }
         if let (true, Some(gap)) = (midway, discontinuity) {
-            self.app.lost(crate::store::Lost {
-                room: self.room.id.clone(),
-                participant: self.me.clone(),
-                after: Seq(gap.from.0.saturating_sub(1)),
-                upto: gap.to,
-            });
+            let after = Seq(gap.from.0.saturating_sub(1)).max(self.queued_upto);
+            if gap.to > after {
+                self.app.lost(crate::store::Lost {
+                    room: self.room.id.clone(),
+                    participant: self.me.clone(),
+                    after,
+                    upto: gap.to,
+                });
+                self.queued_upto = gap.to;
+            }
         }
         let names_me = snapshot.current.assignment.names(&self.me, &self.session);
         // The lease a welcome tells its host of, with the host capability that goes with it.

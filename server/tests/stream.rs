@@ -1531,9 +1531,32 @@ async fn a_gap_a_live_resume_cannot_fill_goes_to_the_inbox() {
     a.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
     let (_, _, gap) = a.until(welcome).await;
     let gap = gap.expect("a gap");
+    let want: Vec<Seq> = (gap.from.0..=gap.to.0).map(Seq).collect();
     let mut inbox = inbox_with(&srv, "gap", &ta, gap.to).await;
     inbox.sort();
-    assert_eq!(inbox, (gap.from.0..=gap.to.0).map(Seq).collect::<Vec<_>>());
+    assert_eq!(inbox, want);
+    // Resuming from 0 again queues nothing more (each was up to 1,024 items written): two
+    // turns of the notifier later, each item of the gap is there once.
+    a.send(&ClientMsg::Resume { cursor: Seq(0) }).await;
+    let (_, _, again) = a.until(welcome).await;
+    assert_eq!(again, Some(gap));
+    let turns = || {
+        srv.app
+            .pauses
+            .notifier
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let (from, deadline) = (turns(), tokio::time::Instant::now() + WAIT);
+    while turns() < from + 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the notifier stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut inbox = inbox_with(&srv, "gap", &ta, gap.to).await;
+    inbox.sort();
+    assert_eq!(inbox, want);
 }
 
 /// `p` joins `room`, votes (idempotency key `key`) and leaves; the vote's seq.
