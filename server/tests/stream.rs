@@ -529,30 +529,14 @@ async fn a_backlog_past_one_batch_is_notified_without_pausing_between_batches() 
     )
     .await;
     let db = srv.db().await;
-    let count = |q: &'static str| {
-        let db = db.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(q)
-                .fetch_one(&db)
-                .await
-                .unwrap()
-        }
-    };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while count("SELECT COUNT(*) FROM outbox WHERE notified_at IS NULL").await > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "backlog never notified"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_notified(&db).await;
     let pauses = srv
         .app
         .pauses
         .notifier
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(
-        count("SELECT COUNT(*) FROM inbox WHERE participant = 'bob'").await,
+        count(&db, "SELECT COUNT(*) FROM inbox WHERE participant = 'bob'").await,
         1300
     );
     assert!(pauses < 6, "{pauses} pauses for six batches");
@@ -1486,17 +1470,7 @@ async fn a_session_the_server_closed_gets_no_copies_in_its_inbox() {
     a.until(|m| matches!(m, ServerMsg::Event(e) if e.seq == got).then_some(()))
         .await;
     // Once the notifier has counted it as got live (after, it would go to her inbox anyway).
-    let db = srv.db().await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM outbox WHERE notified_at IS NULL")
-        .fetch_one(&db)
-        .await
-        .unwrap()
-        > 0
-    {
-        assert!(tokio::time::Instant::now() < deadline, "never notified");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_notified(&srv.db().await).await;
     a.send_text("{not json".into()).await;
     assert_eq!(a.until_closed().await, Some(ErrorCode::BadFrame));
     // What follows goes to her inbox, as to anyone away; what she got live does not.
@@ -1557,6 +1531,20 @@ async fn a_gap_a_live_resume_cannot_fill_goes_to_the_inbox() {
     let mut inbox = inbox_with(&srv, "gap", &ta, gap.to).await;
     inbox.sort();
     assert_eq!(inbox, want);
+}
+
+/// The count `q` reads from `db`.
+async fn count(db: &sqlx::SqlitePool, q: &str) -> i64 {
+    sqlx::query_scalar(q).fetch_one(db).await.unwrap()
+}
+
+/// Waits until the notifier has worked off every outbox row of `db`.
+async fn until_notified(db: &sqlx::SqlitePool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while count(db, "SELECT COUNT(*) FROM outbox WHERE notified_at IS NULL").await > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never notified");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// `p` joins `room`, votes (idempotency key `key`) and leaves; the vote's seq.
@@ -2098,22 +2086,9 @@ async fn a_member_connected_throughout_gets_no_copy_of_a_row_published_late() {
     let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", dir.path().join("h.db").display()))
         .await
         .unwrap();
-    let count = |q: &'static str| {
-        let db = db.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(q)
-                .fetch_one(&db)
-                .await
-                .unwrap()
-        }
-    };
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while count("SELECT COUNT(*) FROM outbox WHERE notified_at IS NULL").await > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "never notified");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(count("SELECT COUNT(*) FROM participants").await, 1);
-    assert_eq!(count("SELECT COUNT(*) FROM inbox").await, 0);
+    until_notified(&db).await;
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM participants").await, 1);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM inbox").await, 0);
 }
 
 /// Reads the event of vote `v` (seq 1), then its result, and nothing else in between.
