@@ -1063,8 +1063,12 @@ async fn publisher(app: Arc<App>, mut last: i64) {
 const LOST_MAX: usize = 65_536;
 
 impl App {
-    /// Queues `lost` for the notifier (see [`crate::store::Store::recover_inbox`]).
+    /// Queues `lost` for the notifier (see [`crate::store::Store::recover_inbox`]); an empty
+    /// range is not queued.
     pub fn lost(&self, lost: crate::store::Lost) {
+        if lost.upto <= lost.after {
+            return;
+        }
         let mut q = self.lost.lock().expect("lost lock");
         if q.len() < LOST_MAX {
             q.push(lost);

@@ -444,14 +444,12 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
     // listed after the last item its client confirmed goes to its inbox (a duplicate of one it
     // did get is cheaper than a loss).
     if let (true, false, Some(upto)) = (lost, *app.shutdown.borrow(), listed_upto) {
-        if upto > acked {
-            app.lost(crate::store::Lost {
-                room: room_id.clone(),
-                participant: claims.sub.clone(),
-                after: acked,
-                upto,
-            });
-        }
+        app.lost(crate::store::Lost {
+            room: room_id.clone(),
+            participant: claims.sub.clone(),
+            after: acked,
+            upto,
+        });
     }
     let mut granted = false;
     if explicit {
@@ -692,16 +690,13 @@ impl Conn {
             }
         }
         if let (true, Some(gap)) = (midway, discontinuity) {
-            let after = Seq(gap.from.0.saturating_sub(1)).max(self.queued_upto);
-            if gap.to > after {
-                self.app.lost(crate::store::Lost {
-                    room: self.room.id.clone(),
-                    participant: self.me.clone(),
-                    after,
-                    upto: gap.to,
-                });
-                self.queued_upto = gap.to;
-            }
+            self.app.lost(crate::store::Lost {
+                room: self.room.id.clone(),
+                participant: self.me.clone(),
+                after: Seq(gap.from.0.saturating_sub(1)).max(self.queued_upto),
+                upto: gap.to,
+            });
+            self.queued_upto = self.queued_upto.max(gap.to);
         }
         let names_me = snapshot.current.assignment.names(&self.me, &self.session);
         // The lease a welcome tells its host of, with the host capability that goes with it.
