@@ -537,6 +537,62 @@ async fn recovered_items_are_stored_once_each_session_its_newest() {
     assert_eq!(inbox_len(&store, &room, &pid("dan")).await, 0);
 }
 
+/// A lost session's copy stops at 4 MiB of items, its newest first, but takes its newest item
+/// whatever its size.
+#[tokio::test]
+async fn recovered_items_stop_at_the_byte_budget_but_the_newest_is_always_copied() {
+    let (_dir, store) = temp_store().await;
+    let pid = |s: &str| ParticipantId::new(s).unwrap();
+    let lost = |room: &RoomId, p: &str, upto: u64| Lost {
+        room: room.clone(),
+        participant: pid(p),
+        after: Seq(0),
+        upto: Seq(upto),
+    };
+    // Items padded with `bytes` trailing spaces each (still JSON).
+    let pad = |room: &'static str, seqs: std::ops::RangeInclusive<i64>, bytes: i64| {
+        sqlx::query("UPDATE log SET item = item || printf('%*s', ?, '') WHERE room = ? AND seq BETWEEN ? AND ?")
+            .bind(bytes)
+            .bind(room)
+            .bind(*seqs.start())
+            .bind(*seqs.end())
+    };
+    common::backlog(&store, "big", 10).await;
+    common::backlog(&store, "huge", 3).await;
+    pad("big", 8..=10, 3 << 19)
+        .execute(store.pool())
+        .await
+        .unwrap(); // 1.5 MiB each
+    pad("huge", 3..=3, 5 << 20)
+        .execute(store.pool())
+        .await
+        .unwrap(); // 5 MiB
+    let (big, huge) = (RoomId::new("big").unwrap(), RoomId::new("huge").unwrap());
+    store
+        .recover_inbox(&[
+            lost(&big, "eve", 10),
+            lost(&big, "fay", 7),
+            lost(&huge, "gus", 3),
+        ])
+        .await
+        .unwrap();
+    for (room, p, want) in [
+        (&big, "eve", vec![9, 10]), // 3 MiB; the third would make 4.5
+        (&big, "fay", (1..=7).collect()),
+        (&huge, "gus", vec![3]), // past the budget alone
+    ] {
+        let seqs: Vec<u64> = store
+            .inbox(room, &pid(p), 0, 100, usize::MAX)
+            .await
+            .unwrap()
+            .entries
+            .iter()
+            .map(|e| e.item.seq().0)
+            .collect();
+        assert_eq!(seqs, want, "{p}");
+    }
+}
+
 /// Writes every pending outbox row into the inboxes of the room's participants, all offline.
 async fn notify_all(store: &SqliteStore) -> usize {
     let rows = store.unnotified(100).await.unwrap();
