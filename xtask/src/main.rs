@@ -390,6 +390,8 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
     let glue_path = out.join("hostlease.js");
     let glue = std::fs::read_to_string(&glue_path)
         .map_err(|e| format!("read {}: {e}", glue_path.display()))?;
+    eprintln!("\n==> strings passed into the module by TextEncoder.encode (the glue's realloc path dropped)");
+    let glue = minify::encode_strings(&glue)?;
     let calls = minify::glue_calls(&glue);
     let (trimmed, dropped) = strip::drop_exports(&snipped, |name| calls.contains(name))?;
     eprintln!(

@@ -287,6 +287,37 @@ pub fn drop_unreachable(glue: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// wasm-bindgen's `passStringToWasm0`, up to the end of its `TextEncoder.encode` branch (taken
+/// when no `realloc` is passed).
+const PASS_STRING: &str = "function passStringToWasm0(arg, malloc, realloc) {\n    if (realloc === undefined) {\n        const buf = cachedTextEncoder.encode(arg);\n        const ptr = malloc(buf.length, 1) >>> 0;\n        getUint8ArrayMemory0().subarray(ptr, ptr + buf.length).set(buf);\n        WASM_VECTOR_LEN = buf.length;\n        return ptr;\n    }\n";
+/// That branch alone.
+const PASS_STRING_ENCODE: &str = "function passStringToWasm0(arg, malloc) {\n    const buf = cachedTextEncoder.encode(arg);\n    const ptr = malloc(buf.length, 1) >>> 0;\n    getUint8ArrayMemory0().subarray(ptr, ptr + buf.length).set(buf);\n    WASM_VECTOR_LEN = buf.length;\n    return ptr;\n}\n";
+/// How the glue passes wasm-bindgen's `realloc` to it.
+const PASS_REALLOC: &str = ", wasm.__wbindgen_realloc)";
+
+/// The glue with every string passed into the module by `TextEncoder.encode` (one copy, native)
+/// instead of by the glue's own loop over the string's ASCII prefix followed by
+/// `encodeInto` into memory grown with the module's `realloc`: the loop goes, and the module's
+/// `__wbindgen_realloc` export, which only that path called, is then not called and dropped
+/// (`strip::drop_exports`). Strict: a glue whose `passStringToWasm0` does not start with that
+/// branch as wasm-bindgen 0.2 writes it, or that names `__wbindgen_realloc` anywhere but in
+/// its calls, is an error.
+pub fn encode_strings(glue: &str) -> Result<String, String> {
+    let err = |what: &str| format!("wasm-bindgen's glue: {what}; strings not passed by encode()");
+    let f =
+        block(glue, PASS_STRING, "\n}\n").map_err(|e| err(&format!("passStringToWasm0: {e}")))?;
+    let out = format!("{}{PASS_STRING_ENCODE}{}", &glue[..f.start], &glue[f.end..]);
+    let calls = out.matches("passStringToWasm0(").count() - 1;
+    if calls == 0 || out.matches(PASS_REALLOC).count() != calls {
+        return Err(err("not every call passes wasm.__wbindgen_realloc"));
+    }
+    let out = out.replace(PASS_REALLOC, ")");
+    if out.contains("realloc") {
+        return Err(err("realloc is named elsewhere too"));
+    }
+    Ok(out)
+}
+
 /// wasm-bindgen's warning for a `.wasm` served without the `application/wasm` type (streaming
 /// compilation fails; the glue falls back to a slower `WebAssembly.instantiate`).
 const MIME_WARNING: &str = "console.warn(\"`WebAssembly.instantiateStreaming` failed because your server does not serve Wasm with `application/wasm` MIME type. Falling back to `WebAssembly.instantiate` which is slower. Original error:\\n\", e);";
@@ -440,6 +471,31 @@ const mem = () => wasm.memory.buffer; const driver_new = 1; const o = { memory: 
             glue.replace("    free() {\n", "    release() {\n"),
         ] {
             assert!(drop_unreachable(&bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn strings_are_passed_by_encode_and_realloc_is_no_longer_named() {
+        let loop_ = "\n    let len = arg.length;\n    if (x) {\n        ptr = realloc(ptr, len, offset, 1) >>> 0;\n    }\n    return ptr;\n}\n";
+        let glue = format!("a(passStringToWasm0(s, wasm.__wbindgen_malloc, wasm.__wbindgen_realloc));\n{PASS_STRING}{loop_}\nb(passStringToWasm0(t, wasm.__wbindgen_malloc, wasm.__wbindgen_realloc));\n");
+        assert_eq!(
+            encode_strings(&glue).unwrap(),
+            format!("a(passStringToWasm0(s, wasm.__wbindgen_malloc));\n{PASS_STRING_ENCODE}\nb(passStringToWasm0(t, wasm.__wbindgen_malloc));\n")
+        );
+        for bad in [
+            glue.replace(
+                "b(passStringToWasm0(t, wasm.__wbindgen_malloc, wasm.__wbindgen_realloc))",
+                "b(passStringToWasm0(t, wasm.__wbindgen_malloc))",
+            ),
+            glue.replace(
+                "const buf = cachedTextEncoder.encode(arg);",
+                "const buf = enc(arg);",
+            ),
+            glue.replace("if (realloc === undefined)", "if (!realloc)"),
+            format!("{glue}const r = wasm.__wbindgen_realloc;\n"),
+            format!("{glue}{glue}"),
+        ] {
+            assert!(encode_strings(&bad).is_err(), "{bad}");
         }
     }
 
