@@ -86,7 +86,10 @@ export interface Member {
 export interface PendingCommand {
   readonly id: string;
   readonly action: string;
-  /** Made offline, waiting for the resync. */
+  /**
+   * Waiting to be sent: made offline (sent after the resync), or behind an older command of its
+   * kind that waits to go again after a refusal with a retry time (sent once that one is decided).
+   */
   readonly queued: boolean;
 }
 

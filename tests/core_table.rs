@@ -883,7 +883,8 @@ fn a_vote_unknown_across_a_reconnect_without_a_participant_token_resyncs() {
 
 /// After a resync, commands go in the order they were made: a vote whose resend fell due during
 /// the resync before one made meanwhile (it went after it: a changed vote could land before the
-/// one it changed, and the room kept the first). Across a reconnect too.
+/// one it changed, and the room kept the first). Across a reconnect too, where those sent before
+/// it go one at a time.
 #[test]
 fn commands_go_again_in_the_order_they_were_made() {
     let (mut v, first) = voted();
@@ -899,14 +900,6 @@ fn commands_go_again_in_the_order_they_were_made() {
     );
     let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
     let (t, _) = server(&mut v, 10_002, welcome("b", snap.clone(), vec![]));
-    let sent = |t: &[ClientMsg]| -> Vec<IdempotencyKey> {
-        t.iter()
-            .filter_map(|m| match m {
-                ClientMsg::Command { id, .. } => Some(id.clone()),
-                _ => None,
-            })
-            .collect()
-    };
     assert_eq!(sent(&t), [first.clone(), second.clone()]);
     v.handle_disconnected(at(10_003));
     let third = v
@@ -917,7 +910,121 @@ fn commands_go_again_in_the_order_they_were_made() {
     v.handle_server(at(10_006), welcome("b", snap, vec![]));
     v.handle_server(at(10_006), participant_cap());
     let (t, _) = drain(&mut v);
-    assert_eq!(sent(&t), [first, second, third]);
+    // The answers to their attempts went with the old connection: each goes once the one before
+    // it is decided (one refused with a retry time would go after the next otherwise).
+    assert_eq!(sent(&t), std::slice::from_ref(&first));
+    for (decided, next) in [(first, &second), (second.clone(), &third)] {
+        let (t, _) = server(
+            &mut v,
+            10_007,
+            ServerMsg::CommandResult {
+                id: decided,
+                outcome: Outcome::Accepted { seq: Seq(2) },
+            },
+        );
+        assert_eq!(sent(&t), std::slice::from_ref(next));
+    }
+}
+
+/// The keys of the commands in `t`, in the order they go.
+fn sent(t: &[ClientMsg]) -> Vec<IdempotencyKey> {
+    t.iter()
+        .filter_map(|m| match m {
+            ClientMsg::Command { id, .. } => Some(id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A refusal with a retry time does not reorder commands: those due again together go oldest
+/// first, and a command made after one refused so waits for it to go again and be decided
+/// (before: the newest went first, and a later one went at once; a changed vote then landed
+/// before the vote it changed, and the room kept the first, with both promises resolved).
+#[test]
+fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
+    let unavailable = || Outcome::Rejected {
+        code: RejectCode::Unavailable,
+        current: None,
+        retry_after_ms: Some(500),
+    };
+    let accepted = Outcome::Accepted { seq: Seq(2) };
+    // Both refused, due again at the same time: the first goes, the second once it is decided.
+    let mut v = live("b", "a", 2);
+    let first = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    let second = v
+        .command(at(20), action("vote"), js(json!(2)), None)
+        .unwrap();
+    drain(&mut v);
+    result(&mut v, 21, &first, unavailable());
+    result(&mut v, 21, &second, unavailable());
+    v.handle_timeout(at(5_000));
+    let (t, _) = drain(&mut v);
+    assert_eq!(sent(&t), std::slice::from_ref(&first));
+    let (t, _) = server(
+        &mut v,
+        5_001,
+        ServerMsg::CommandResult {
+            id: first.clone(),
+            outcome: accepted.clone(),
+        },
+    );
+    assert_eq!(sent(&t), std::slice::from_ref(&second));
+    // One made while an older one waits to go again is queued behind it (and says so), and
+    // goes once the older one is decided; a command of the other kind is not held.
+    let mut v = live("a", "a", 2);
+    let first = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    let poll = host_command(&mut v, 20).unwrap();
+    drain(&mut v);
+    result(&mut v, 21, &first, unavailable());
+    result(&mut v, 21, &poll, unavailable());
+    let second = v
+        .command(at(22), action("vote"), js(json!(2)), None)
+        .unwrap();
+    let close = v
+        .command(at(22), action("poll.close"), js(json!(null)), None)
+        .unwrap();
+    let (t, ev) = drain(&mut v);
+    assert_eq!(sent(&t), [], "both held");
+    assert!(
+        ev.contains(&Event::CommandQueued { id: second.clone() }),
+        "{ev:?}"
+    );
+    let queued: Vec<_> = v.pending().filter(|c| c.2).map(|c| c.0.clone()).collect();
+    assert_eq!(queued, [second.clone(), close.clone()]);
+    v.handle_timeout(at(1_500));
+    let (t, _) = drain(&mut v);
+    assert_eq!(sent(&t), [first.clone(), poll.clone()]);
+    // (Within the host's lease, which runs to 3,010 ms.) Refused again: still ahead of the ones behind it.
+    result(&mut v, 1_501, &first, unavailable());
+    let (t, _) = server(
+        &mut v,
+        1_501,
+        ServerMsg::CommandResult {
+            id: poll,
+            outcome: accepted.clone(),
+        },
+    );
+    assert_eq!(sent(&t), [close]);
+    let other = v.command(at(1_502), action("poll.open"), js(json!(null)), None);
+    assert!(other.is_ok(), "{other:?}");
+    let (t, _) = drain(&mut v);
+    assert_eq!(sent(&t).len(), 1, "a host command is not held by a vote");
+    v.handle_timeout(at(2_800));
+    let (t, _) = drain(&mut v);
+    assert_eq!(sent(&t), std::slice::from_ref(&first));
+    let (t, _) = server(
+        &mut v,
+        2_801,
+        ServerMsg::CommandResult {
+            id: first,
+            outcome: accepted,
+        },
+    );
+    assert_eq!(sent(&t), [second]);
 }
 
 /// The browser SDK starts without an action table: what an app commands before the first

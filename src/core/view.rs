@@ -699,16 +699,26 @@ impl HostView {
                 self.events.push_back(Event::Stalled);
             }
         }
-        // Newest first: a resend removes at most its own command (failing it), which moves no
-        // command not yet looked at, and changes no other command's state.
-        for i in (0..self.commands.len()).rev() {
+        // Oldest first, and those held behind them right after (`send`): a resend removes at
+        // most its own command (failing it).
+        let mut i = 0;
+        let mut resent = false;
+        while i < self.commands.len() {
+            let before = self.commands.len();
             if match self.commands[i].state {
                 CmdState::InFlight { resend_at } => now >= resend_at,
                 CmdState::Backoff { until } => now >= until,
                 _ => false,
             } {
+                resent = true;
                 self.resend(now, i);
             }
+            if self.commands.len() == before {
+                i += 1;
+            }
+        }
+        if resent && self.phase == Phase::Live {
+            self.flush_queued(now);
         }
     }
 
@@ -812,7 +822,13 @@ impl HostView {
                 }
                 self.events.push_back(Event::MembersChanged);
             }
-            ServerMsg::CommandResult { id, outcome } => self.handle_result(now, id, outcome),
+            ServerMsg::CommandResult { id, outcome } => {
+                self.handle_result(now, id, outcome);
+                // A command decided may have held later ones back (`send`).
+                if self.phase == Phase::Live {
+                    self.flush_queued(now);
+                }
+            }
             ServerMsg::Discontinuity(gap) => {
                 if self.phase == Phase::Live && gap.from <= self.cursor.next() {
                     if gap.to > self.cursor {
@@ -1368,6 +1384,15 @@ impl HostView {
             self.flush_queued(now); // arms the resync timer if live without a token
         } else {
             self.send(now, i);
+            if self
+                .commands
+                .get(i)
+                .is_some_and(|c| c.state == CmdState::Queued)
+            {
+                // Behind an older command of its kind waiting to go again.
+                self.events
+                    .push_back(Event::CommandQueued { id: id.clone() });
+            }
         }
         if relinquish {
             // Stop acting as host at once: the server is about to grant someone else.
@@ -1480,6 +1505,19 @@ impl HostView {
                 self.refuse(i, e);
                 return;
             }
+        }
+        // Commands of a kind reach the server in the order they were made (a changed vote must
+        // not land before the vote it changes): behind an older one of its kind that is waiting
+        // to go (again), or in flight with an earlier attempt answered (refused with a retry
+        // time) or lost with a connection, this one waits: that one could be refused with a
+        // retry time and go after it. It goes once that one is decided, or out on its first
+        // attempt (`flush_queued` after each result and resend).
+        if self.commands[..i].iter().any(|o| {
+            o.kind == c.kind
+                && (o.out < o.attempts || !matches!(o.state, CmdState::InFlight { .. }))
+        }) {
+            self.commands[i].state = CmdState::Queued;
+            return;
         }
         let token = match c.kind {
             ActionKind::Host => {
