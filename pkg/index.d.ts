@@ -88,7 +88,7 @@ export interface PendingCommand {
   readonly action: string;
   /**
    * Waiting to be sent: made offline (sent after the resync), or behind an older command of its
-   * kind that waits to go again after a refusal with a retry time (sent once that one is decided).
+   * kind that waits for its result (commands of a kind go one at a time, in order).
    */
   readonly queued: boolean;
 }

@@ -883,8 +883,8 @@ fn a_vote_unknown_across_a_reconnect_without_a_participant_token_resyncs() {
 
 /// After a resync, commands go in the order they were made: a vote whose resend fell due during
 /// the resync before one made meanwhile (it went after it: a changed vote could land before the
-/// one it changed, and the room kept the first). Across a reconnect too, where those sent before
-/// it go one at a time.
+/// one it changed, and the room kept the first). Across a reconnect too. One at a time: each
+/// once the one before it is decided.
 #[test]
 fn commands_go_again_in_the_order_they_were_made() {
     let (mut v, first) = voted();
@@ -900,7 +900,7 @@ fn commands_go_again_in_the_order_they_were_made() {
     );
     let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
     let (t, _) = server(&mut v, 10_002, welcome("b", snap.clone(), vec![]));
-    assert_eq!(sent(&t), [first.clone(), second.clone()]);
+    assert_eq!(sent(&t), std::slice::from_ref(&first));
     v.handle_disconnected(at(10_003));
     let third = v
         .command(at(10_004), action("vote"), js(json!(3)), None)
@@ -910,19 +910,18 @@ fn commands_go_again_in_the_order_they_were_made() {
     v.handle_server(at(10_006), welcome("b", snap, vec![]));
     v.handle_server(at(10_006), participant_cap());
     let (t, _) = drain(&mut v);
-    // The answers to their attempts went with the old connection: each goes once the one before
-    // it is decided (one refused with a retry time would go after the next otherwise).
     assert_eq!(sent(&t), std::slice::from_ref(&first));
     for (decided, next) in [(first, &second), (second.clone(), &third)] {
-        let (t, _) = server(
-            &mut v,
-            10_007,
-            ServerMsg::CommandResult {
-                id: decided,
-                outcome: Outcome::Accepted { seq: Seq(2) },
-            },
-        );
+        let (t, _) = server(&mut v, 10_007, accepted(decided));
         assert_eq!(sent(&t), std::slice::from_ref(next));
+    }
+}
+
+/// `id`'s result: accepted (as seq 2, an item the view has).
+fn accepted(id: IdempotencyKey) -> ServerMsg {
+    ServerMsg::CommandResult {
+        id,
+        outcome: Outcome::Accepted { seq: Seq(2) },
     }
 }
 
@@ -936,10 +935,10 @@ fn sent(t: &[ClientMsg]) -> Vec<IdempotencyKey> {
         .collect()
 }
 
-/// A refusal with a retry time does not reorder commands: those due again together go oldest
-/// first, and a command made after one refused so waits for it to go again and be decided
-/// (before: the newest went first, and a later one went at once; a changed vote then landed
-/// before the vote it changed, and the room kept the first, with both promises resolved).
+/// A refusal with a retry time does not reorder commands: a command goes once the one of its
+/// kind made before it is decided (before: one made meanwhile went at once, and resends due
+/// together went newest first; a changed vote refused with the one it changed then landed
+/// before it, and the room kept the first, both promises resolved).
 #[test]
 fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
     let unavailable = || Outcome::Rejected {
@@ -947,8 +946,6 @@ fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
         current: None,
         retry_after_ms: Some(500),
     };
-    let accepted = Outcome::Accepted { seq: Seq(2) };
-    // Both refused, due again at the same time: the first goes, the second once it is decided.
     let mut v = live("b", "a", 2);
     let first = v
         .command(at(20), action("vote"), js(json!(1)), None)
@@ -956,75 +953,62 @@ fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
     let second = v
         .command(at(20), action("vote"), js(json!(2)), None)
         .unwrap();
-    drain(&mut v);
-    result(&mut v, 21, &first, unavailable());
-    result(&mut v, 21, &second, unavailable());
-    v.handle_timeout(at(5_000));
-    let (t, _) = drain(&mut v);
-    assert_eq!(sent(&t), std::slice::from_ref(&first));
-    let (t, _) = server(
-        &mut v,
-        5_001,
-        ServerMsg::CommandResult {
-            id: first.clone(),
-            outcome: accepted.clone(),
-        },
-    );
-    assert_eq!(sent(&t), std::slice::from_ref(&second));
-    // One made while an older one waits to go again is queued behind it (and says so), and
-    // goes once the older one is decided; a command of the other kind is not held.
-    let mut v = live("a", "a", 2);
-    let first = v
-        .command(at(20), action("vote"), js(json!(1)), None)
-        .unwrap();
-    let poll = host_command(&mut v, 20).unwrap();
-    drain(&mut v);
-    result(&mut v, 21, &first, unavailable());
-    result(&mut v, 21, &poll, unavailable());
-    let second = v
-        .command(at(22), action("vote"), js(json!(2)), None)
-        .unwrap();
-    let close = v
-        .command(at(22), action("poll.close"), js(json!(null)), None)
-        .unwrap();
     let (t, ev) = drain(&mut v);
-    assert_eq!(sent(&t), [], "both held");
+    assert_eq!(sent(&t), std::slice::from_ref(&first));
     assert!(
         ev.contains(&Event::CommandQueued { id: second.clone() }),
         "{ev:?}"
     );
-    let queued: Vec<_> = v.pending().filter(|c| c.2).map(|c| c.0.clone()).collect();
-    assert_eq!(queued, [second.clone(), close.clone()]);
-    v.handle_timeout(at(1_500));
-    let (t, _) = drain(&mut v);
-    assert_eq!(sent(&t), [first.clone(), poll.clone()]);
-    // (Within the host's lease, which runs to 3,010 ms.) Refused again: still ahead of the ones behind it.
-    result(&mut v, 1_501, &first, unavailable());
     let (t, _) = server(
         &mut v,
-        1_501,
+        21,
         ServerMsg::CommandResult {
-            id: poll,
-            outcome: accepted.clone(),
+            id: first.clone(),
+            outcome: unavailable(),
         },
     );
-    assert_eq!(sent(&t), [close]);
-    let other = v.command(at(1_502), action("poll.open"), js(json!(null)), None);
-    assert!(other.is_ok(), "{other:?}");
-    let (t, _) = drain(&mut v);
-    assert_eq!(sent(&t).len(), 1, "a host command is not held by a vote");
-    v.handle_timeout(at(2_800));
+    assert_eq!(sent(&t), [], "the second waits for the first to go again");
+    let queued: Vec<_> = v.pending().filter(|c| c.2).map(|c| c.0.clone()).collect();
+    assert_eq!(queued, std::slice::from_ref(&second));
+    v.handle_timeout(at(1_000));
     let (t, _) = drain(&mut v);
     assert_eq!(sent(&t), std::slice::from_ref(&first));
-    let (t, _) = server(
+    let (t, _) = server(&mut v, 1_001, accepted(first));
+    assert_eq!(sent(&t), std::slice::from_ref(&second));
+    // Host commands wait for host commands only, and those made before a resign go before it:
+    // the host stops acting as the resign goes.
+    let mut v = live("a", "a", 2);
+    let vote = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    let open = host_command(&mut v, 20).unwrap();
+    let close = v
+        .command(at(20), action("poll.close"), js(json!(null)), None)
+        .unwrap();
+    let resign = v.resign(at(20)).unwrap();
+    let (t, _) = drain(&mut v);
+    assert_eq!(sent(&t), [vote, open.clone()]);
+    assert!(
+        matches!(v.lease(), LeaseState::Held { .. }),
+        "{:?}",
+        v.lease()
+    );
+    server(
         &mut v,
-        2_801,
+        21,
         ServerMsg::CommandResult {
-            id: first,
-            outcome: accepted,
+            id: open.clone(),
+            outcome: unavailable(),
         },
     );
-    assert_eq!(sent(&t), [second]);
+    v.handle_timeout(at(1_000));
+    let (t, _) = drain(&mut v);
+    assert_eq!(sent(&t), std::slice::from_ref(&open));
+    let (t, _) = server(&mut v, 1_001, accepted(open));
+    assert_eq!(sent(&t), std::slice::from_ref(&close));
+    let (t, _) = server(&mut v, 1_002, accepted(close));
+    assert_eq!(sent(&t), [resign]);
+    assert_eq!(v.lease(), LeaseState::Relinquished);
 }
 
 /// The browser SDK starts without an action table: what an app commands before the first

@@ -181,7 +181,8 @@ pub enum Event {
     RoomEvent(RoomEvent),
     /// These items will never be delivered.
     Discontinuity(Gap),
-    /// A participant command made while not live is queued and will be sent after the resync.
+    /// A command waits to be sent: a participant command made while not live (sent after the
+    /// resync), or any command made while an older one of its kind waits for its result.
     CommandQueued {
         id: IdempotencyKey,
     },
@@ -244,7 +245,8 @@ pub struct Stats {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CmdState {
-    /// Made while not live (participant actions only); sent after the resync.
+    /// Not sent yet: made while not live (participant actions only; sent after the resync), or
+    /// behind an older command of its kind (sent once that one is decided).
     Queued,
     /// Sent; resend with the same key at `resend_at` if no result came.
     InFlight { resend_at: Instant },
@@ -584,7 +586,8 @@ impl HostView {
         // Commands sent and not decided: unknown. A host command fails `Interrupted` now: after
         // any reconnect it would (a new welcome brings no host token before its resend is
         // checked), and its promise waited on the outage meanwhile; so does one already unknown
-        // (its resend came due during a resync). Host commands are never queued.
+        // (its resend came due during a resync). Host commands are never kept offline (one queued
+        // behind another never went: `NotAuthoritative`).
         let mut i = 0;
         while i < self.commands.len() {
             let c = &mut self.commands[i];
@@ -1308,8 +1311,9 @@ impl HostView {
 
     // ----- commands ------------------------------------------------------------------------
 
-    /// Issues `action` with `payload`. Host actions need authority now and are never queued;
-    /// participant actions made while not live are queued and sent after the resync.
+    /// Issues `action` with `payload`. Host actions need authority now and are never queued
+    /// offline; participant actions made while not live are queued and sent after the resync.
+    /// Commands of a kind go one at a time, in the order they were made (see `send`).
     /// Before the first snapshot an action not in the configured table waits with them and is
     /// classified when the server's table comes: a host action then fails `NotAuthoritative`
     /// (it was made without authority), an action in neither list `UnknownAction`.
@@ -1365,7 +1369,6 @@ impl HostView {
             ActionKind::Participant => None,
         };
         let id = key.unwrap_or_else(|| self.new_key());
-        let relinquish = is_relinquish(&action);
         self.commands.push(PendingCommand {
             id: id.clone(),
             action,
@@ -1389,14 +1392,10 @@ impl HostView {
                 .get(i)
                 .is_some_and(|c| c.state == CmdState::Queued)
             {
-                // Behind an older command of its kind waiting to go again.
+                // Behind an older command of its kind waiting for its result.
                 self.events
                     .push_back(Event::CommandQueued { id: id.clone() });
             }
-        }
-        if relinquish {
-            // Stop acting as host at once: the server is about to grant someone else.
-            self.set_lease(LeaseState::Relinquished);
         }
         Ok(id)
     }
@@ -1507,18 +1506,16 @@ impl HostView {
             }
         }
         // Commands of a kind reach the server in the order they were made (a changed vote must
-        // not land before the vote it changes): behind an older one of its kind that is waiting
-        // to go (again), or in flight with an earlier attempt answered (refused with a retry
-        // time) or lost with a connection, this one waits: that one could be refused with a
-        // retry time and go after it. It goes once that one is decided, or out on its first
-        // attempt (`flush_queued` after each result and resend).
-        if self.commands[..i].iter().any(|o| {
-            o.kind == c.kind
-                && (o.out < o.attempts || !matches!(o.state, CmdState::InFlight { .. }))
-        }) {
+        // not land before the vote it changes), one at a time: while an older one of its kind
+        // waits for its result, this one waits (queued) behind it, as anything pipelined after
+        // it would be applied first should it be refused with a retry time and go again. So
+        // only the oldest of a kind is ever sent: those behind it never were (`refuse` gives
+        // them a definite error). `flush_queued` after each result and resend sends the next.
+        if self.commands[..i].iter().any(|o| o.kind == c.kind) {
             self.commands[i].state = CmdState::Queued;
             return;
         }
+        let relinquish = is_relinquish(&c.action);
         let token = match c.kind {
             ActionKind::Host => {
                 if c.epoch != self.epoch() {
@@ -1526,7 +1523,7 @@ impl HostView {
                     self.fail_at(i, CommandError::Interrupted);
                     return;
                 }
-                match self.host_gate_inner(now, is_relinquish(&c.action)) {
+                match self.host_gate_inner(now, relinquish) {
                     Ok(g) => g.token.clone(),
                     Err(e) => {
                         self.refuse(i, e);
@@ -1570,6 +1567,11 @@ impl HostView {
             epoch: c.epoch,
             capability: token,
         });
+        if relinquish {
+            // Stop acting as host as it goes (not before: host commands made before it go
+            // first): the server is about to grant someone else.
+            self.set_lease(LeaseState::Relinquished);
+        }
     }
 
     /// Fails command `i`, refused here with `e`; but `Interrupted` when an attempt already sent
