@@ -282,7 +282,8 @@ export interface InboxPage {
   /** In cursor order. An item can repeat one the page got live (a connection that died without
    * a close), and come after newer ones: order and de-duplicate by `item.seq`. */
   entries: InboxEntry[];
-  /** Pass as `since` to read on; `null` when everything was read. */
+  /** Pass as `since` to read on; `null` when everything was read (to read only newer entries
+   * later, keep the last entry's `cursor` and pass that). */
   next: number | null;
 }
 
@@ -297,7 +298,9 @@ export interface FetchInboxOptions {
   since?: number | undefined;
 }
 
-/** Reads a participant's durable inbox over HTTP, without joining the room. Rejects with a
+/** Reads a participant's durable inbox over HTTP, without joining the room: up to 16 pages a
+ * call. A page that fails after the first ends the call with what was read and `next` to go on
+ * from. Rejects (the first page failing) with a
  * `UsageError` (`BadArgument`: bad options), a `ConnectionError` (`unauthorized`: the token was
  * refused; `Unavailable`: the server could not be reached or answered an error) or a
  * `ProtocolError` (`BadResponse`: a page that is not an inbox page). */

@@ -185,6 +185,24 @@ function inboxPage(body) {
  * Resolves with `{ entries: [{ cursor, item }], next }`; `next` is a cursor to pass as `since`
  * when more is left (at most 16 pages of 256 are read per call), else `null`.
  */
+// One page of the inbox, or why not, typed.
+async function inboxPageAt(pageUrl, token) {
+  try {
+    const res = await fetchWithRetry(pageUrl, { headers: { authorization: `Bearer ${token}` } });
+    if (res.status === 401 || res.status === 403) {
+      throw new ConnectionError(ErrorCode.Unauthorized, "the join token was refused");
+    }
+    if (!res.ok) throw new ConnectionError(ErrorCode.Unavailable, `the inbox answered HTTP ${res.status}`);
+    return inboxPage(await res.json());
+  } catch (e) {
+    // A body that is not JSON is the server's fault; a request that failed, or a page cut off
+    // (the 10 s of its attempt ran out on a slow link, or the network went), the network's.
+    throw e instanceof HostleaseError ? e : e instanceof SyntaxError
+      ? new ProtocolError(ErrorCode.BadResponse, "the inbox page is malformed")
+      : new ConnectionError(ErrorCode.Unavailable, "the inbox could not be read", { cause: e });
+  }
+}
+
 export async function fetchInbox(options) {
   const { url, room, token, since = 0 } = options ?? {};
   if (typeof url !== "string" || !id(room) || typeof token !== "string") {
@@ -197,25 +215,15 @@ export async function fetchInbox(options) {
   const entries = [];
   let cursor = since;
   for (let page = 0; page < INBOX_MAX_PAGES; page++) {
-    let res;
-    try {
-      res = await fetchWithRetry(`${base}?since=${cursor}`, { headers: { authorization: `Bearer ${token}` } });
-    } catch (e) {
-      throw new ConnectionError(ErrorCode.Unavailable, "the inbox could not be read", { cause: e });
-    }
-    if (res.status === 401 || res.status === 403) {
-      throw new ConnectionError(ErrorCode.Unauthorized, "the join token was refused");
-    }
-    if (!res.ok) throw new ConnectionError(ErrorCode.Unavailable, `the inbox answered HTTP ${res.status}`);
     let body;
     try {
-      body = inboxPage(await res.json());
+      body = await inboxPageAt(`${base}?since=${cursor}`, token);
     } catch (e) {
-      // A body that is not JSON is the server's fault; one cut off (the 10 s of its attempt
-      // ran out on a slow link, or the network went) is the network's.
-      throw e instanceof HostleaseError ? e : e instanceof SyntaxError
-        ? new ProtocolError(ErrorCode.BadResponse, "the inbox page is malformed")
-        : new ConnectionError(ErrorCode.Unavailable, "the inbox could not be read", { cause: e });
+      // What the pages before this one read is not thrown away: the caller goes on from `next`
+      // (and meets the failure there if it lasts: a slow link that cannot bring a page in its
+      // 10 s, a token that expired part-way).
+      if (!page) throw e;
+      break;
     }
     entries.push(...body.entries);
     if (body.next == null) return { entries, next: null };
@@ -415,13 +423,14 @@ export class Room {
       }
       if (msg && msg.t === RELAY_TAG && msg.assignment) this._onRelay(peerId, msg.assignment);
     };
-    const listening = new AbortController(); // detachPeer removes all three at once
+    const listening = new AbortController(); // detachPeer removes them all at once
     const opts = { signal: listening.signal };
-    channel.addEventListener("open", onOpen, opts);
     channel.addEventListener("close", onClose, opts);
     channel.addEventListener("message", onMessage, opts);
     this._peers.set(peerId, { channel, listening });
+    // Open already (one from `ondatachannel`, whose `open` still fires after it): once only.
     if (channel.readyState === "open") onOpen();
+    else channel.addEventListener("open", onOpen, opts);
   }
 
   detachPeer(peerId) {

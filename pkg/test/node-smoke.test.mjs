@@ -443,6 +443,14 @@ test("a data channel that closes is let go of; attachPeer() after close() does n
     room.attachPeer("p4", Object.assign(channel(), { readyState }));
     assert.equal(room._peers.size, 0, readyState);
   }
+  // One attached open (from `ondatachannel`, whose `open` fires after): announced once.
+  const peer = room._driver.peer.bind(room._driver);
+  const announced = [];
+  room._driver.peer = (...a) => (announced.push(a), peer(...a));
+  const open = Object.assign(channel(), { readyState: "open" });
+  room.attachPeer("p5", open);
+  open.dispatchEvent(new Event("open"));
+  assert.deepEqual(announced, [["p5", true]]);
   room.close();
   room.attachPeer("p3", channel());
   assert.equal(room._peers.size, 0);
@@ -594,6 +602,14 @@ test("fetchInbox pages through the inbox and rejects bad answers with typed erro
     assert.ok(seen.every((s) => s.auth === "Bearer secret-token" && !s.search.includes("secret")), "the token left the header");
     assert.equal(seen[0].path, "/v1/rooms/r%3A1%40x/inbox");
     assert.deepEqual(seen.map((s) => s.search), ["?since=0", "?since=2", "?since=2"]);
+
+    // A page that fails after the first: what was read is kept, with the cursor to go on from
+    // (it was thrown away, and a link too slow for one page lost every page before it).
+    answer = (since) => since === 0
+      ? [200, {}, JSON.stringify({ entries: [{ cursor: 1, item: event(3) }, { cursor: 2, item: event(4) }], next: 2 })]
+      : [200, {}, CUT];
+    const partial = await hl.fetchInbox({ url, room: "r", token: "t" });
+    assert.deepEqual([partial.entries.map((e) => e.cursor), partial.next], [[1, 2], 2]);
 
     // A server behind a path prefix: the inbox is read under it.
     seen.length = 0;
