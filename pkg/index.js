@@ -443,14 +443,14 @@ export class Room {
 
   /** Reads this participant's durable inbox (see `fetchInbox`) with the room's join token. */
   async inbox(options) {
-    const since = options?.since ?? 0;
     for (let attempt = 0; ; attempt++) {
       // Why there is no token is this promise's error, not also an `error` event.
       let why;
       const token = await this._token((e) => (why = e));
       if (!token) throw why;
       try {
-        return await fetchInbox({ url: this._url, room: this.room, token, since });
+        // (`since: null`, which fetchInbox refuses, is not 0: a re-read of everything.)
+        return await fetchInbox({ url: this._url, room: this.room, token, since: options?.since });
       } catch (e) {
         if (e.code !== ErrorCode.Unauthorized || attempt > 0) throw e;
         this.#token = null; // refused: ask the app for a fresh token, once

@@ -430,6 +430,15 @@ async function refreshRace(fresh) {
   }
 }
 
+test("room.inbox({ since: null }) is a BadArgument, as fetchInbox's (not a read from 0 again)", async () => {
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+  try {
+    await assert.rejects(room.inbox({ since: null }), (e) => e instanceof hl.UsageError && e.code === "BadArgument");
+  } finally {
+    room.close();
+  }
+});
+
 test("a data channel that closes is let go of; attachPeer() after close() does nothing", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const channel = () => Object.assign(new EventTarget(), { readyState: "connecting", send() {} });
