@@ -523,16 +523,8 @@ async fn recovered_items_are_stored_once_each_session_its_newest() {
         ("bob", top - 4, top - 1),
         ("cat", top - RECOVER_MAX + 1, top),
     ] {
-        let seqs: Vec<u64> = store
-            .inbox(&room, &pid(p), 0, 2 * RECOVER_MAX as i64, usize::MAX)
-            .await
-            .unwrap()
-            .entries
-            .iter()
-            .map(|e| e.item.seq().0)
-            .collect();
         let want: Vec<u64> = (from..=to).filter(|&s| s != top - 3).collect();
-        assert_eq!(seqs, want, "{p}");
+        assert_eq!(inbox_seqs(&store, &room, &pid(p)).await, want, "{p}");
     }
     assert_eq!(inbox_len(&store, &room, &pid("dan")).await, 0);
 }
@@ -581,16 +573,20 @@ async fn recovered_items_stop_at_the_byte_budget_but_the_newest_is_always_copied
         (&big, "fay", (1..=7).collect()),
         (&huge, "gus", vec![3]), // past the budget alone
     ] {
-        let seqs: Vec<u64> = store
-            .inbox(room, &pid(p), 0, 100, usize::MAX)
-            .await
-            .unwrap()
-            .entries
-            .iter()
-            .map(|e| e.item.seq().0)
-            .collect();
-        assert_eq!(seqs, want, "{p}");
+        assert_eq!(inbox_seqs(&store, room, &pid(p)).await, want, "{p}");
     }
+}
+
+/// The seqs of the items in `p`'s inbox, in cursor order.
+async fn inbox_seqs(store: &SqliteStore, room: &RoomId, p: &ParticipantId) -> Vec<u64> {
+    store
+        .inbox(room, p, 0, 2 * RECOVER_MAX as i64, usize::MAX)
+        .await
+        .unwrap()
+        .entries
+        .iter()
+        .map(|e| e.item.seq().0)
+        .collect()
 }
 
 /// Writes every pending outbox row into the inboxes of the room's participants, all offline.
