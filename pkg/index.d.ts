@@ -231,10 +231,9 @@ export declare class Room {
    * why more finely: `LeaseExpired`, `NoCapability`, ...) when this tab may not act as host. */
   stamp<T>(body: T): Stamped<T>;
   /** The body of a message `peerId` stamped (stamp a non-null body: a `null` one cannot be told
-   * from a refusal), or `null`: from an older epoch than this tab has
-   * seen, or from that epoch but not from its host. A newer epoch is taken (stamps are not
-   * signed: only the view's verified epoch is the floor). It keeps an honest deposed host's
-   * late messages out; it is no defence against a peer that lies about its epoch. */
+   * from a refusal) when `peerId` is the host of the epoch this tab's view holds, else `null`: a
+   * deposed host's (an older epoch), another peer's, or one claiming an epoch the view has not
+   * verified (stamps are not signed: a newer epoch is not taken on a stamp's word). */
   acceptStamped<T>(peerId: string, message: Stamped<T>): T | null;
   /** `peerId`: the peer's participant id (`members[].id`); one channel per peer id, so a channel
    * attached for a peer id replaces (detaches) the one attached before, even a channel already

@@ -384,17 +384,16 @@ export class Room {
     return { hostleaseEpoch: v.epoch, body };
   }
 
-  /** The body of a message `peerId` stamped, or `null` when it is from an older epoch than the
-   * newest this client has seen (a deposed host's message) or from that epoch but not its host.
-   * An epoch newer than this client knows is taken: its host was elected after this client's
-   * last news, which the server or a relay brings within a round trip. Only what the view has
-   * verified moves the floor: stamps are not signed, and a newer epoch remembered from one would
-   * let any peer lock the real host out with a made-up epoch. (Before its first snapshot, with
-   * no epoch, it takes any: a host's epoch is at least 1, and `e > null` holds.) */
+  /** The body of a message `peerId` stamped, or `null` unless it is from the host of the epoch
+   * this client's view holds: a deposed host's (an older epoch) and any peer's claiming an epoch
+   * the view has not verified are dropped. Stamps are not signed: a newer epoch taken on a
+   * stamp's word let any peer pass as host with a made-up one. A new host's election reaches a
+   * live client with the server's broadcast, before the new host has confirmed its lease and can
+   * stamp; an offline one, by the signed assignment the new host relays over the channel. */
   acceptStamped(peerId, message) {
-    const e = message?.hostleaseEpoch;
     const v = this.view;
-    return count(e) && (e > v.epoch || (e === v.epoch && peerId === v.host)) ? message.body ?? null : null;
+    // (A hostless epoch has no host to take one from, whatever `peerId` is.)
+    return v.host && message?.hostleaseEpoch === v.epoch && peerId === v.host ? message.body ?? null : null;
   }
 
   /** Relays presence and server-signed assignments over `channel` (an RTCDataChannel). */

@@ -173,7 +173,7 @@ test("a room held through a Proxy (Vue's reactive(), MobX) works: view, on, comm
   // "not the host": its session went with the socket, and it was told NotHost).
   assert.throws(() => room.stamp("x"), (e) => e.code === "NotAuthoritative");
   await assert.rejects(room.command("host.resign"), (e) => e.code === "NotAuthoritative");
-  assert.equal(room.acceptStamped("p", { hostleaseEpoch: 1, body: 1 }), 1);
+  assert.equal(room.acceptStamped("p", { hostleaseEpoch: 1, body: 1 }), null); // no epoch verified yet
   // inbox() reads the token, a private member a Proxy cannot reach: a typed error (no server
   // at this address), not a TypeError.
   await assert.rejects(room.inbox(), (e) => e instanceof hl.ConnectionError && e.code === "Unavailable");
@@ -883,7 +883,7 @@ test("a peer's relay message past 4 KiB is not parsed; a binary one is ignored",
   room.close();
 });
 
-test("acceptStamped: only the view's verified epoch is the floor, so a made-up epoch cannot lock the host out", async () => {
+test("acceptStamped takes only the host of the view's verified epoch: a made-up epoch neither passes nor locks the host out", async () => {
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
   const ws = NeverOpens.instance;
   ws.readyState = 1;
@@ -895,15 +895,20 @@ test("acceptStamped: only the view's verified epoch is the floor, so a made-up e
   try {
     assert.equal(room.acceptStamped("h", m(3, "h3")), "h3");
     assert.equal(room.acceptStamped("c", m(3, "c3")), null, "epoch 3 is h's");
-    assert.equal(room.acceptStamped("b", m(4, "b4")), "b4", "a newer epoch than the view's is taken");
-    // A peer's made-up epoch is taken too (stamps are not signed), but does not become the floor.
-    assert.equal(room.acceptStamped("mallory", m(2 ** 53 - 1, "m")), "m");
+    // Stamps are not signed: an epoch the view has not verified is no one's yet (it was taken,
+    // and any peer passed as host with a made-up one).
+    assert.equal(room.acceptStamped("b", m(4, "b4")), null);
+    assert.equal(room.acceptStamped("mallory", m(2 ** 53 - 1, "m")), null);
     assert.equal(room.acceptStamped("h", m(3, "still")), "still", "the real host is not locked out");
     assert.equal(room.acceptStamped("h", { hostleaseEpoch: 3 }), null, "no body");
     // The view learns epoch 4 (from the server): epoch 3 is now a deposed host's.
     ws.onmessage({ data: JSON.stringify({ v: 1, t: "assignment", ...a(4, "b") }) });
     assert.equal(room.acceptStamped("h", m(3, "late")), null);
     assert.equal(room.acceptStamped("b", m(4, "b4")), "b4");
+    // A hostless epoch: no one's, whatever peer id the app passes.
+    ws.onmessage({ data: JSON.stringify({ v: 1, t: "assignment", ...a(5, "b"), host: null, session: null, reason: "left" }) });
+    assert.equal(room.view.host, null);
+    for (const peer of ["b", null, undefined]) assert.equal(room.acceptStamped(peer, m(5, "x")), null, String(peer));
   } finally {
     room.close();
   }
