@@ -200,9 +200,11 @@ export declare class Room {
   private constructor();
   readonly room: string;
   /** The same object until something in it changes (fit for `useSyncExternalStore`); read-only.
-   * Every change comes with an event but four: a command sent while live (in `pending` as soon
-   * as `command()` returns), a queued command sent after the resync (`queued` turns false before
-   * its `command` event), and the lease's deadline passing or a sleep just noticed (`amHost` and
+   * Every change comes with an event but these: a command sent while live (in `pending` as soon
+   * as `command()` returns), a queued command sent after the resync or once the command it waited
+   * behind is decided (`queued` turns false before its `command` event), one sent before a
+   * reconnect that waits behind another after it (`queued` turns true), and the lease's deadline
+   * passing or a sleep just noticed (`amHost` and
    * `lease` read them at once, before the next step's `lease` event). Events are delivered after
    * the step that produced them, so a listener sees `view` as it is after the whole step: a
    * resume that replays two host changes emits both `host` events, and `view` already shows the
@@ -299,7 +301,7 @@ export interface FetchInboxOptions {
 
 /** Reads a participant's durable inbox over HTTP, without joining the room: up to 16 pages a
  * call. A page that fails after the first ends the call with what was read and `next` to go on
- * from. Rejects (the first page failing) with a
+ * from. Rejects (the first page failing, or any page's `next` going backwards) with a
  * `UsageError` (`BadArgument`: bad options), a `ConnectionError` (`unauthorized`: the token was
  * refused; `Unavailable`: the server could not be reached or answered an error) or a
  * `ProtocolError` (`BadResponse`: a page that is not an inbox page). */
