@@ -281,26 +281,24 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     cfg.check()?;
     // The WebSocket library logs every frame it reads or writes in full at `trace` (a hello's
     // join token, every command's capability): it is held at `debug` whatever RUST_LOG says, so
-    // that no token reaches a log.
-    let filter = ["tungstenite=debug", "tokio_tungstenite=debug"]
-        .into_iter()
-        .fold(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-            |f, d| f.add_directive(d.parse().expect("a directive")),
-        );
+    // that no token reaches a log. (A directive added to RUST_LOG's did not hold it: a more
+    // specific one, `tungstenite::protocol=trace`, wins over it.)
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let no_frames = tracing_subscriber::filter::filter_fn(|m| {
+        *m.level() <= tracing::Level::DEBUG
+            || !(m.target().starts_with("tungstenite")
+                || m.target().starts_with("tokio_tungstenite"))
+    });
+    let fmt = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if a.log_json {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .json()
-            .init();
+        fmt.json().finish().with(no_frames).init();
     } else {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(false)
-            .init();
+        fmt.with_ansi(false).finish().with(no_frames).init();
     }
     let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
     rt.block_on(async move {
