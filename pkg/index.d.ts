@@ -105,7 +105,8 @@ export interface HostView {
   /** The newest assignment names this session (with or without authority). */
   namedHost: boolean;
   lease: LeaseState;
-  /** Shown while the server is unreachable; has no authority. */
+  /** Shown while the server is unreachable (from a session's loss to the next welcome); has no
+   * authority. */
   provisional: string | null;
   /** In election order. The view is shared (the same object until it changes): its lists and
    * their entries are read-only. */

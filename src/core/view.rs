@@ -562,7 +562,10 @@ impl HostView {
             Phase::Connecting
         };
         self.set_phase(next);
-        self.set_provisional(None);
+        // The provisional coordinator stays until the welcome: a server that takes the socket
+        // but not yet the hello (a reconnect storm) is not reachable yet, and this page showed
+        // no coordinator while the others still showed theirs.
+        self.update_provisional();
     }
 
     /// The connection closed or failed. The view becomes provisional; host authority ends.
@@ -1686,8 +1689,10 @@ impl HostView {
         }
     }
 
+    /// Between losing a session and the next welcome (offline, or reconnecting), the
+    /// provisional coordinator; live or closed, none (the welcome and `leave` clear it).
     fn update_provisional(&mut self) {
-        if self.phase != Phase::Offline {
+        if self.session.is_some() || self.phase == Phase::Closed {
             return;
         }
         let me = self.me.clone();
