@@ -705,8 +705,8 @@ impl HostView {
                 self.events.push_back(Event::Stalled);
             }
         }
-        // Oldest first, and those held behind them right after (`send`): a resend removes at
-        // most its own command (failing it).
+        // Oldest first (only the oldest of a kind is ever out: `send`); a resend removes at most
+        // its own command (failing it), and the next of its kind then goes (`flush_queued`).
         let mut i = 0;
         let mut resent = false;
         while i < self.commands.len() {
