@@ -44,13 +44,21 @@ async fn admin_reassign_kick_and_close() {
     })
     .await;
 
-    let r = http
-        .post(format!("{base}/reassign"))
-        .bearer_auth("wrong")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
+    // The key and only the key: one of another length, a prefix of it, it extended.
+    for wrong in [
+        "wrong",
+        "admin-secret-key-123",
+        "admin-secret-key-12345",
+        "admin-secret-key-1235",
+    ] {
+        let r = http
+            .post(format!("{base}/reassign"))
+            .bearer_auth(wrong)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{wrong}");
+    }
     // The key is checked first: without it a bad body is not looked at.
     for route in ["reassign", "kick", "ttl", "close"] {
         let r = http
