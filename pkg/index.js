@@ -175,16 +175,6 @@ function inboxPage(body) {
   return body;
 }
 
-/**
- * Reads a participant's durable inbox over HTTP: what was committed in `room` while it was not
- * connected, in cursor order (copies for a connection that died without a close can repeat items
- * and come after newer ones: order and de-duplicate by `item.seq`). For apps that come back after a while (or a service worker) and want
- * to show what they missed without joining. Options: `url` (the server's base URL, ws(s) or
- * http(s)), `room`, `token` (the participant's join token; it travels in the `Authorization`
- * header, never in the URL), `since` (a cursor from an earlier call; default 0).
- * Resolves with `{ entries: [{ cursor, item }], next }`; `next` is a cursor to pass as `since`
- * when more is left (at most 16 pages of 256 are read per call), else `null`.
- */
 // One page of the inbox, or why not, typed.
 async function inboxPageAt(pageUrl, token) {
   try {
@@ -203,6 +193,17 @@ async function inboxPageAt(pageUrl, token) {
   }
 }
 
+/**
+ * Reads a participant's durable inbox over HTTP: what was committed in `room` while it was not
+ * connected, in cursor order (copies for a connection that died without a close can repeat items
+ * and come after newer ones: order and de-duplicate by `item.seq`). For apps that come back after a while (or a service worker) and want
+ * to show what they missed without joining. Options: `url` (the server's base URL, ws(s) or
+ * http(s)), `room`, `token` (the participant's join token; it travels in the `Authorization`
+ * header, never in the URL), `since` (a cursor from an earlier call; default 0).
+ * Resolves with `{ entries: [{ cursor, item }], next }`; `next` is a cursor to pass as `since`
+ * when more is left (at most 16 pages of 256 are read per call), else `null`. A page that fails
+ * after the first ends the call with what was read and `next` to go on from.
+ */
 export async function fetchInbox(options) {
   const { url, room, token, since = 0 } = options ?? {};
   if (typeof url !== "string" || !id(room) || typeof token !== "string") {
