@@ -645,7 +645,27 @@ async fn command_in_tx(
         .execute(&mut *tx)
         .await?;
     let row = read_room(tx, &req.room).await?;
-    let current = row.as_ref().and_then(|r| r.current.clone());
+    let c = &req.claims;
+    // A kick revokes every capability of the participant's sessions begun before it: they are
+    // closed, but a participant capability kept working over HTTP until it expired, and a
+    // session on another process than the kick's sent commands until that process's next sweep
+    // closed it (an index look-up; the table holds a day and an hour of kicks).
+    let kicked: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM kicks WHERE room = ? AND participant = ? AND created_at >= ? LIMIT 1",
+    )
+    .bind(req.room.as_str())
+    .bind(c.sub.as_str())
+    .bind(i64::try_from(c.sat).unwrap_or(i64::MAX))
+    .fetch_optional(&mut *tx)
+    .await?;
+    // A refusal tells who hosts now only to a session of the room, or to a capability that
+    // still works: a signature stays valid after its token expires and after a kick, and the
+    // holder of an old one (a member long gone, one kicked) could otherwise ask over HTTP who
+    // hosts, forever. A session is told at its welcome anyway; its `stale_epoch` still comes.
+    let current = row
+        .as_ref()
+        .and_then(|r| r.current.clone())
+        .filter(|_| kicked.is_none() && (req.sender_session.is_some() || c.exp > now));
     let reject = |code: RejectCode| CommandDone {
         outcome: Outcome::Rejected {
             code,
@@ -656,7 +676,6 @@ async fn command_in_tx(
         replayed: false,
     };
     let hash = request_hash(&req.action, &req.payload);
-    let c = &req.claims;
     // Signature and kid were checked by the caller; everything else is checked here,
     // against the row this transaction holds.
     if c.room != req.room || c.sub != req.sender {
@@ -718,18 +737,6 @@ async fn command_in_tx(
     if c.exp <= now {
         return Ok((reject(refused_token), false));
     }
-    // A kick revokes every capability of the participant's sessions begun before it: they are
-    // closed, but a participant capability kept working over HTTP until it expired, and a
-    // session on another process than the kick's sent commands until that process's next sweep
-    // closed it (an index look-up; the table holds a day and an hour of kicks).
-    let kicked: Option<i64> = sqlx::query_scalar(
-        "SELECT 1 FROM kicks WHERE room = ? AND participant = ? AND created_at >= ? LIMIT 1",
-    )
-    .bind(req.room.as_str())
-    .bind(c.sub.as_str())
-    .bind(i64::try_from(c.sat).unwrap_or(i64::MAX))
-    .fetch_optional(&mut *tx)
-    .await?;
     if kicked.is_some() {
         return Ok((reject(RejectCode::BadCapability), false));
     }

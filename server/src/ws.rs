@@ -1286,6 +1286,11 @@ pub fn command(
     cmd: Incoming<'_>,
 ) -> impl Future<Output = Outcome> + Send + 'static {
     let claimed = cmd.epoch;
+    // A refusal decided here, not by the store, names the current assignment only to a session
+    // of the room: over HTTP the capability may be expired or revoked by a kick, which only the
+    // store checks (it says who hosts to a capability that still works).
+    let session = cmd.sender.is_some();
+    let current = move |room: &Room| session.then(|| current(room)).flatten();
     let queued = queue_command(app, room, cmd);
     let (app, room) = (app.clone(), room.clone());
     let current_room = room.clone();
@@ -1293,7 +1298,7 @@ pub fn command(
         let (pending, old_host, charged) = match queued {
             Ok(q) => q,
             Err(Refused::Rate(ms)) => return rate_limited(ms),
-            Err(Refused::Code(code)) => return reject(&room, code),
+            Err(Refused::Code(code)) => return reject(code, current(&room)),
         };
         match pending.await {
             Ok(done) => {
@@ -1378,11 +1383,11 @@ fn current(room: &Room) -> Option<hostlease::protocol::SignedAssignment> {
     Some(room.state.lock().expect("room lock").current.clone())
 }
 
-fn reject(room: &Room, code: RejectCode) -> Outcome {
+fn reject(code: RejectCode, current: Option<hostlease::protocol::SignedAssignment>) -> Outcome {
     metrics::counter!("hostlease_commands_total", "result" => code.as_str()).increment(1);
     Outcome::Rejected {
         code,
-        current: current(room),
+        current,
         retry_after_ms: None,
     }
 }

@@ -1216,6 +1216,8 @@ async fn a_kick_revokes_the_capabilities_of_sessions_begun_before_it() {
     assert_eq!(r.status(), 403);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["code"], "bad_capability", "{body}");
+    // Nor is it told who hosts now (its signature is still valid).
+    assert!(body.get("current").is_none(), "{body}");
     // One minted after the kick for a session begun before it (a session the kick has not
     // closed yet, on another process, gets a fresh one with each resume) is revoked too.
     let claims: CapClaims = srv.app.cap_keys.verify(CAP_PREFIX, old.expose()).unwrap();

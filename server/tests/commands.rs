@@ -354,6 +354,58 @@ async fn stale_host_token_after_resign_is_refused() {
     assert_eq!((after.seq, after.epoch), (before.seq, before.epoch));
 }
 
+/// A refusal says who hosts now only to a session of the room or to a capability that still
+/// works. A capability's signature stays valid after it expires: over HTTP (no session) an
+/// expired one is refused without the current assignment, whether the store refuses it or the
+/// checks before it do (the old host's session still gets it with `stale_epoch`:
+/// `stale_host_token_after_resign_is_refused`; a kicked one: `admin.rs`).
+#[tokio::test]
+async fn an_expired_capability_is_not_told_who_hosts_over_http() {
+    let srv = start(test_config()).await;
+    let mut a = srv.raw("ex", "alice", true).await;
+    let g = wait_host(&mut a).await;
+    let http = reqwest::Client::new();
+    let now = hostlease_server::tokens::now_ms();
+    let bob = SessionId::new("s-bob").unwrap();
+    let mut n = 0;
+    let mut refusal = |sub: &str, sid: &SessionId, epoch: Option<Epoch>, exp: u64, action: &str| {
+        n += 1;
+        let token = cap(&srv.app.keys, "ex", sub, sid, epoch, exp);
+        let req = http
+            .post(format!("http://{}/v1/rooms/ex/commands", srv.addr))
+            .bearer_auth(token.expose())
+            .header("Idempotency-Key", format!("k{n}"))
+            .json(&serde_json::json!({"action": action, "payload": {}}))
+            .send();
+        async move { rejected(&req.await.unwrap().protocol::<Outcome>().await) }
+    };
+    for (works, exp) in [(true, now + 60_000), (false, now - 1)] {
+        // Refused by the store: a participant's host command; a host token of an epoch gone.
+        assert_eq!(
+            refusal("bob", &bob, None, exp, "poll.open").await,
+            (RejectCode::BadCapability, works)
+        );
+        assert_eq!(
+            refusal(
+                "alice",
+                &g.session,
+                Some(Epoch(g.epoch.0 - 1)),
+                exp,
+                "poll.open"
+            )
+            .await,
+            (RejectCode::StaleEpoch, works)
+        );
+    }
+    // Refused before the store (no kick check there): never named over HTTP.
+    for exp in [now + 60_000, now - 1] {
+        assert_eq!(
+            refusal("bob", &bob, None, exp, "no.such").await,
+            (RejectCode::ActionNotGranted, false)
+        );
+    }
+}
+
 #[tokio::test]
 async fn idempotent_retries_across_ws_and_http() {
     let srv = start(test_config()).await;
