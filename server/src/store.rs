@@ -1244,10 +1244,21 @@ pub fn prune_sql() -> [String; 9] {
         // Outbox rows whose webhook was delivered (bound: an hour), through the index of those
         // only: not the rows still waiting for a receiver that is down.
         outbox("outbox_done_by_age", "webhook_done_at IS NOT NULL"),
-        // Without a webhook here, the rows no webhook worker has claimed (bound: an hour). A
-        // row a worker claimed (`webhook_next_at` set, about 200 ms after its commit) may be
-        // another process's to deliver: it stays for the next delete.
-        outbox("outbox_unclaimed_by_age", "webhook_next_at = 0"),
+        // Without a webhook here, the rows no webhook worker has claimed (bound: an hour), if
+        // no worker has claimed or put off a row within that hour. A row a worker claimed
+        // (`webhook_next_at` set, about 200 ms after its commit) may be another process's to
+        // deliver: it stays for the next delete. So may one not claimed yet while a worker is
+        // behind: a receiver that hangs holds each send its 10 s, and the worker claims ~3 rows
+        // a second; committed faster, unclaimed rows grew an hour old and were deleted, never
+        // delivered nor counted as given up.
+        outbox(
+            "outbox_unclaimed_by_age",
+            &format!(
+                "webhook_next_at = 0 AND NOT EXISTS (SELECT 1 FROM outbox AS w INDEXED BY \
+                 outbox_webhook_due WHERE w.webhook_done_at IS NULL \
+                 AND w.webhook_next_at > {NOW} - ?1)"
+            ),
+        ),
         // And any (bound: 24 h with a webhook here, given up; an hour more without, so that
         // the process delivering a claimed row counts it given up first).
         aged("outbox", "id", "created_at", " AND notified_at IS NOT NULL"),

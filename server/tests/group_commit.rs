@@ -1087,6 +1087,55 @@ async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
     assert_eq!(seqs().await, Vec::<i64>::new());
 }
 
+/// A process without a webhook deletes the rows no worker claimed after an hour, but not while a
+/// webhook worker on the file is behind (it claimed or put off a row within that hour): a
+/// receiver that hangs holds each send its 10 s, the worker claims ~3 rows a second, and rows
+/// committed faster grew an hour old unclaimed and were deleted, never delivered nor counted.
+#[tokio::test]
+async fn unclaimed_outbox_rows_are_kept_while_a_webhook_worker_is_behind() {
+    let (_dir, store) = temp_store().await;
+    let keys = Keypair::generate("k1");
+    let room = RoomId::new("wb").unwrap();
+    let holder = (
+        ParticipantId::new("h").unwrap(),
+        SessionId::new("h-s").unwrap(),
+    );
+    for epoch in 0..3 {
+        grant_won(&store, &keys, &room, epoch, holder.clone()).await;
+    }
+    notify_all(&store).await;
+    let now = hostlease_server::store::NOW;
+    // All committed two hours ago; the worker has claimed only the first.
+    sqlx::query(&format!("UPDATE outbox SET created_at = {now} - 7200000"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let seqs = || async {
+        sqlx::query_scalar::<_, i64>("SELECT seq FROM outbox ORDER BY seq")
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+    };
+    let claimed = store.webhook_due(1, 30_000).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    store.housekeeping(10_000, false).await.unwrap();
+    assert_eq!(
+        seqs().await,
+        [1, 2, 3],
+        "deleted while the worker is behind"
+    );
+    // Its claim went out two hours ago and nothing since: no worker is running, the two rows
+    // never claimed go (the claimed one is kept its day).
+    sqlx::query(&format!(
+        "UPDATE outbox SET webhook_next_at = {now} - 7200000 WHERE webhook_next_at > 0"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.housekeeping(10_000, false).await.unwrap();
+    assert_eq!(seqs().await, [1]);
+}
+
 /// Processes started together on a fresh file (or on an upgraded one) all open it: sqlx's
 /// SQLite migrator takes no lock, so each read the applied list, and all but the first to
 /// commit failed on `table rooms already exists` and exited.
