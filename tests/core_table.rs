@@ -546,6 +546,64 @@ fn the_local_lease_is_anchored_at_the_echo_send_time() {
     assert_eq!(v.lease(), LeaseState::Expired);
 }
 
+/// A welcome sets the lease from its snapshot anchored at the oldest resume it may answer; a
+/// confirmation that came after that send (between two welcomes, with two resumes out), with a
+/// later deadline, stands. The welcome replaced it: one that came late made the host `Expired`,
+/// its host commands refused, until the next probe.
+#[test]
+fn a_welcome_keeps_a_lease_confirmed_after_its_resume_was_sent() {
+    let cfg = Config {
+        buffer_limit: 2,
+        ..config()
+    };
+    let mut v = live_with(cfg, "a", "a", 2);
+    // A gap asks to resume at 100; the buffer's overflow asks again at 120.
+    let (t, _) = server(&mut v, 100, ServerMsg::Event(event(4, 2, "b")));
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
+    server(&mut v, 110, ServerMsg::Event(event(5, 2, "b")));
+    let (t, _) = server(&mut v, 120, ServerMsg::Event(event(6, 2, "b")));
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
+    let missed = |upto: u64| (3..=upto).map(|s| Item::Event(event(s, 2, "b"))).collect();
+    let snap = snapshot(
+        assignment(2, 6, Some("a")),
+        vec![member("a", 1)],
+        Some(3000),
+    );
+    let (_, ev) = server(&mut v, 300, welcome("a", snap, missed(6)));
+    assert_eq!(room_events(&ev), vec![3, 4, 5, 6]);
+    assert_eq!(v.phase(), Phase::Live);
+    confirm_lease(&mut v, 2, 2000, 2010, 3000);
+    let confirmed = LeaseState::Held {
+        deadline: at(2000 + 2970 - 250),
+    };
+    assert_eq!(v.lease(), confirmed);
+    // The second resume's welcome, late, with 1 s left when the server wrote it: anchored at
+    // 100, past.
+    let snap = snapshot(
+        assignment(2, 6, Some("a")),
+        vec![member("a", 1)],
+        Some(1000),
+    );
+    server(&mut v, 2100, welcome("a", snap, missed(6)));
+    assert_eq!(v.lease(), confirmed);
+    assert!(v.has_authority(at(2100)));
+    // A welcome's later reading still moves the deadline on.
+    v.handle_wake(at(2200));
+    drain(&mut v);
+    let snap = snapshot(
+        assignment(2, 6, Some("a")),
+        vec![member("a", 1)],
+        Some(9000),
+    );
+    server(&mut v, 2300, welcome("a", snap, vec![]));
+    assert_eq!(
+        v.lease(),
+        LeaseState::Held {
+            deadline: at(2200 + 8910 - 250)
+        }
+    );
+}
+
 #[test]
 fn a_confirmation_for_another_nonce_or_epoch_is_ignored() {
     let mut v = live("a", "a", 2);

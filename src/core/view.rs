@@ -990,6 +990,8 @@ impl HostView {
             LeaseState::Relinquished // a resign or transfer is on its way; never take it back
         } else if self.is_named_host() {
             match snapshot.lease_remaining_ms {
+                // Anchored at the oldest resume it may answer: a confirmation since (a welcome
+                // came between two resumes) may hold a later deadline, which stands.
                 Some(r) => self.local_deadline(self.resync_sent_at, r, now),
                 None => LeaseState::Unknown,
             }
@@ -1001,14 +1003,20 @@ impl HostView {
         self.drain_buffer(now);
     }
 
-    /// `anchor + remaining·(1−ρ) − margin`, as a lease state at `now`.
+    /// `anchor + remaining·(1−ρ) − margin`, as a lease state at `now`; never earlier than a
+    /// deadline the lease already holds (the caller's reading of this epoch's lease may be older
+    /// than the one that set it).
     fn local_deadline(&self, anchor: Instant, remaining_ms: u64, now: Instant) -> LeaseState {
         let drift = remaining_ms.saturating_mul(self.config.drift_ppm) / 1_000_000;
         let keep = remaining_ms
             .saturating_sub(drift)
             .saturating_sub(self.config.lease_margin_ms);
-        let deadline = anchor.add_ms(keep);
-        if keep == 0 || deadline <= now {
+        let mut deadline = anchor.add_ms(keep);
+        if let LeaseState::Held { deadline: held } = self.lease {
+            deadline = deadline.max(held);
+        }
+        // (The anchor is a past send: no time kept is `Expired` too.)
+        if deadline <= now {
             LeaseState::Expired
         } else {
             LeaseState::Held { deadline }
@@ -1025,16 +1033,8 @@ impl HostView {
         if matches!(self.lease, LeaseState::Relinquished) || self.phase != Phase::Live {
             return;
         }
-        let lease = match (self.local_deadline(sent_at, remaining_ms, now), self.lease) {
-            // A confirmation of an older echo never shortens a deadline a newer one set.
-            (LeaseState::Held { deadline: new }, LeaseState::Held { deadline: old }) => {
-                LeaseState::Held {
-                    deadline: new.max(old),
-                }
-            }
-            (LeaseState::Expired, held @ LeaseState::Held { .. }) => held,
-            (new, _) => new,
-        };
+        // A confirmation of an older echo never shortens a deadline a newer one set.
+        let lease = self.local_deadline(sent_at, remaining_ms, now);
         self.set_lease(lease);
     }
 
