@@ -54,6 +54,15 @@ pub enum Direct {
 /// a signal past it is dropped, as one to a full queue is. Signals are up to 64 KiB, so a sender
 /// flooding a member that reads slowly held 16 MiB there, and could do so to every member.
 pub const OUTLET_BYTES: usize = 1 << 20;
+/// Signal bytes a participant may have the server deliver in a room, each delivery counted (a
+/// signal to a member with three sessions counts three times), over all its sessions: 128 KiB a
+/// second after a burst of 1 MiB (a mesh's offers to a few dozen peers). Past it signals are
+/// dropped and counted in `hostlease_signals_dropped_total`. Only the flood limit held them (200
+/// frames of 64 KiB a second a connection): one member could keep another's queue full, so that
+/// the real peers' offers and candidates were dropped, and bypass the room's byte budget.
+pub const SIGNAL_BYTES_RATE: f64 = 128.0 * 1024.0;
+/// See [`SIGNAL_BYTES_RATE`].
+pub const SIGNAL_BYTES_BURST: f64 = 1024.0 * 1024.0;
 
 /// A message in a session's queue, with the share of the queue's byte budget it holds until the
 /// session has written it (dropped with it).
@@ -503,6 +512,8 @@ pub struct App {
     pub expired_limiter: Limiter<(RoomId, ParticipantId)>,
     /// Command payload bytes per room (`Config::room_bytes_rate`).
     pub room_bytes: Limiter<RoomId>,
+    /// Signal bytes each participant in a room has the server deliver ([`SIGNAL_BYTES_RATE`]).
+    pub signal_bytes: Limiter<(RoomId, ParticipantId)>,
     /// The kicks made through this process that the sweeper has not read yet. Held from
     /// recording a kick until its sessions here are closed, and by the sweeper while it reads the
     /// kicks recorded: the sweeper sees a kick made here only once it is applied, so the kick's
@@ -567,6 +578,7 @@ impl App {
             command_limiter,
             expired_limiter,
             room_bytes,
+            signal_bytes: Limiter::new(SIGNAL_BYTES_RATE, SIGNAL_BYTES_BURST),
             kicking: tokio::sync::Mutex::new(HashSet::new()),
             lost: Mutex::new(Vec::new()),
             pauses: Pauses::default(),

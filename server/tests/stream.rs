@@ -247,6 +247,66 @@ async fn presence_and_signalling_stay_in_the_room() {
     .await;
 }
 
+/// A member's signals are held to a byte rate ([`SIGNAL_BYTES_RATE`] after a burst of
+/// [`SIGNAL_BYTES_BURST`], each delivery counted): past it they are dropped and counted, and
+/// another member's signals still come. Only the flood limit held them (200 frames of 64 KiB a
+/// second a connection): one member could keep another's queue full of its own.
+#[tokio::test]
+async fn a_members_signals_are_held_to_a_byte_rate() {
+    use hostlease_server::rooms::{SIGNAL_BYTES_BURST, SIGNAL_BYTES_RATE};
+    let srv = start(test_config()).await;
+    let mut a = srv.raw("sr", "alice", false).await;
+    let _ = ptoken(&mut a).await;
+    let mut c = srv.raw("sr", "carol", false).await;
+    let _ = ptoken(&mut c).await;
+    let mut b = srv.raw("sr", "bob", false).await;
+    let _ = ptoken(&mut b).await;
+    let signal = |data: serde_json::Value| ClientMsg::Signal {
+        to: hostlease::protocol::ParticipantId::new("bob").unwrap(),
+        to_session: None,
+        data: data.into(),
+    };
+    let started = tokio::time::Instant::now();
+    let sent = 60;
+    for _ in 0..sent {
+        a.send(&signal(serde_json::json!("x".repeat(60_000)))).await;
+    }
+    let (mut got, mut len) = (0, 0);
+    while let Some(m) = b.next(Duration::from_millis(500)).await {
+        if let ServerMsg::Signal { .. } = &m {
+            got += 1;
+            len = hostlease::protocol::codec::encode_server(&m).len();
+        }
+    }
+    // The burst's worth, and what the rate refilled while they came (a bound read off the
+    // clock, never a deadline).
+    let burst = (SIGNAL_BYTES_BURST / len as f64).floor() as usize;
+    let refilled = started.elapsed().as_secs_f64() * SIGNAL_BYTES_RATE / len as f64;
+    assert!(
+        got >= burst,
+        "{got} of {sent}: less than the burst ({burst})"
+    );
+    assert!(
+        (got as f64) <= burst as f64 + refilled.ceil(),
+        "{got} of {sent} in {:?}: more than the burst ({burst}) and the rate",
+        started.elapsed()
+    );
+    let page = srv.metrics().await;
+    assert!(
+        page.contains("hostlease_signals_dropped_total"),
+        "the drops are counted"
+    );
+    // Carol's signals are hers to spend.
+    c.send(&signal(serde_json::json!({"sdp": "offer"}))).await;
+    let from = b
+        .until(|m| match m {
+            ServerMsg::Signal { from, .. } => Some(from.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(from.as_str(), "carol");
+}
+
 #[tokio::test]
 async fn abusive_clients_get_a_typed_error_and_a_close_without_affecting_others() {
     let cfg = hostlease_server::Config {
