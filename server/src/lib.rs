@@ -61,6 +61,14 @@ pub struct Config {
     /// has its command rate), and a command the store refuses or replays is given back.
     pub room_bytes_rate: f64,
     pub room_bytes_burst: f64,
+    /// Signal bytes a participant may have the server deliver in a room, per second, and burst
+    /// (at least one frame of the largest size), over all its sessions, each delivery counted (a
+    /// signal to a member with three sessions counts three times). Past it signals are dropped
+    /// and counted in `hostlease_signals_dropped_total`. Without it only the flood limit held
+    /// them (200 frames of 64 KiB a second a connection): one member could keep another's queue
+    /// full, so that the real peers' offers and candidates were dropped.
+    pub signal_bytes_rate: f64,
+    pub signal_bytes_burst: f64,
     /// HTTP requests per second per client address, and burst.
     pub http_rate: f64,
     pub http_burst: f64,
@@ -114,6 +122,8 @@ impl Default for Config {
             msg_burst: 100.0,
             room_bytes_rate: 1024.0 * 1024.0,
             room_bytes_burst: 4.0 * 1024.0 * 1024.0,
+            signal_bytes_rate: 128.0 * 1024.0,
+            signal_bytes_burst: 1024.0 * 1024.0,
             http_rate: 50.0,
             http_burst: 100.0,
             participant_token_ms: 600_000,
@@ -165,6 +175,11 @@ impl Config {
                 "room_bytes_rate",
                 self.room_bytes_rate,
                 self.room_bytes_burst,
+            ),
+            (
+                "signal_bytes_rate",
+                self.signal_bytes_rate,
+                self.signal_bytes_burst,
             ),
         ] {
             if !(rate > 0.0 && rate.is_finite() && burst >= 1.0) {
@@ -558,6 +573,10 @@ mod tests {
             },
             Config {
                 http_burst: 0.5,
+                ..Config::default()
+            },
+            Config {
+                signal_bytes_rate: 0.0,
                 ..Config::default()
             },
             Config {

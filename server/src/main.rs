@@ -153,6 +153,10 @@ struct ServeArgs {
     /// capability are not charged.
     #[arg(long, env = "HOSTLEASE_ROOM_BYTES_RATE", default_value_t = 1024.0 * 1024.0)]
     room_bytes_rate: f64,
+    /// Signal bytes a participant may have the server deliver per second in a room, each
+    /// delivery counted (burst is eight times this): past it signals are dropped.
+    #[arg(long, env = "HOSTLEASE_SIGNAL_BYTES_RATE", default_value_t = 128.0 * 1024.0)]
+    signal_bytes_rate: f64,
     /// A session the server has sent nothing for this long gets a heartbeat, and one it has heard
     /// nothing from (not even the pong its browser sends for a ping) for three times this is
     /// given up (1000..=15000 ms: below a second, a client a slow round trip away would be given
@@ -241,6 +245,7 @@ fn serve(a: ServeArgs) -> Result<(), String> {
     // bucket below one frame (four times the command rate) would close every session.
     for (flag, rate, unit, least) in [
         ("--room-bytes-rate", a.room_bytes_rate, "bytes", 1.0),
+        ("--signal-bytes-rate", a.signal_bytes_rate, "bytes", 1.0),
         ("--msg-rate", a.msg_rate, "commands", 0.5),
         ("--http-rate", a.http_rate, "requests", 0.5),
     ] {
@@ -264,6 +269,8 @@ fn serve(a: ServeArgs) -> Result<(), String> {
         msg_burst: a.msg_rate * 2.0,
         room_bytes_rate: a.room_bytes_rate,
         room_bytes_burst: a.room_bytes_rate * 4.0,
+        signal_bytes_rate: a.signal_bytes_rate,
+        signal_bytes_burst: a.signal_bytes_rate * 8.0,
         http_rate: a.http_rate,
         http_burst: a.http_rate * 2.0,
         sweep_ms: a.sweep_ms,

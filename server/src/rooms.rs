@@ -54,15 +54,6 @@ pub enum Direct {
 /// a signal past it is dropped, as one to a full queue is. Signals are up to 64 KiB, so a sender
 /// flooding a member that reads slowly held 16 MiB there, and could do so to every member.
 pub const OUTLET_BYTES: usize = 1 << 20;
-/// Signal bytes a participant may have the server deliver in a room, each delivery counted (a
-/// signal to a member with three sessions counts three times), over all its sessions: 128 KiB a
-/// second after a burst of 1 MiB (a mesh's offers to a few dozen peers). Past it signals are
-/// dropped and counted in `hostlease_signals_dropped_total`. Only the flood limit held them (200
-/// frames of 64 KiB a second a connection): one member could keep another's queue full, so that
-/// the real peers' offers and candidates were dropped, and bypass the room's byte budget.
-pub const SIGNAL_BYTES_RATE: f64 = 128.0 * 1024.0;
-/// See [`SIGNAL_BYTES_RATE`].
-pub const SIGNAL_BYTES_BURST: f64 = 1024.0 * 1024.0;
 
 /// A message in a session's queue, with the share of the queue's byte budget it holds until the
 /// session has written it (dropped with it).
@@ -512,7 +503,8 @@ pub struct App {
     pub expired_limiter: Limiter<(RoomId, ParticipantId)>,
     /// Command payload bytes per room (`Config::room_bytes_rate`).
     pub room_bytes: Limiter<RoomId>,
-    /// Signal bytes each participant in a room has the server deliver ([`SIGNAL_BYTES_RATE`]).
+    /// Signal bytes each participant in a room has the server deliver
+    /// (`Config::signal_bytes_rate`).
     pub signal_bytes: Limiter<(RoomId, ParticipantId)>,
     /// The kicks made through this process that the sweeper has not read yet. Held from
     /// recording a kick until its sessions here are closed, and by the sweeper while it reads the
@@ -523,6 +515,10 @@ pub struct App {
     /// Sessions ended without a close since the notifier last looked (at most [`LOST_MAX`]): it
     /// copies what they may have missed into their inboxes, many at once.
     lost: Mutex<Vec<crate::store::Lost>>,
+    /// Per participant in a room, the seqs its lost sessions had queued for its inbox, as one
+    /// range `(after, upto]` (at most [`LOST_MAX`] participants; past that forgotten, which only
+    /// lets a copy through twice).
+    recovering: Mutex<HashMap<(RoomId, ParticipantId), (Seq, Seq)>>,
     /// How often the outbox workers paused (tests read them).
     pub pauses: Pauses,
 }
@@ -562,6 +558,12 @@ impl App {
             cfg.room_bytes_burst
                 .max(hostlease::protocol::codec::MAX_CLIENT_PAYLOAD as f64),
         );
+        // One relayed frame of the largest size always fits.
+        let signal_bytes = Limiter::new(
+            cfg.signal_bytes_rate.max(1.0),
+            cfg.signal_bytes_burst
+                .max(2.0 * hostlease::protocol::codec::MAX_CLIENT_FRAME as f64),
+        );
         Arc::new(Self {
             cfg,
             store,
@@ -578,9 +580,10 @@ impl App {
             command_limiter,
             expired_limiter,
             room_bytes,
-            signal_bytes: Limiter::new(SIGNAL_BYTES_RATE, SIGNAL_BYTES_BURST),
+            signal_bytes,
             kicking: tokio::sync::Mutex::new(HashSet::new()),
             lost: Mutex::new(Vec::new()),
+            recovering: Mutex::new(HashMap::new()),
             pauses: Pauses::default(),
         })
     }
@@ -1075,9 +1078,48 @@ async fn publisher(app: Arc<App>, mut last: i64) {
 const LOST_MAX: usize = 65_536;
 
 impl App {
-    /// Queues `lost` for the notifier (see [`crate::store::Store::recover_inbox`]); an empty
-    /// range is not queued.
+    /// Queues `lost` for the notifier (see [`crate::store::Store::recover_inbox`]), less the
+    /// seqs a lost session of the same participant queued already: its inbox is the
+    /// participant's, and the recovery is deduplicated only within one notifier turn. A client
+    /// that never answered pings and reset its sessions one after another (16 at once) had each
+    /// copy what was published in its time: the room's stream written into the inbox 16 times
+    /// over.
     pub fn lost(&self, lost: crate::store::Lost) {
+        let (after, upto) = (lost.after, lost.upto);
+        if upto <= after {
+            return;
+        }
+        let mut pieces = Vec::with_capacity(2);
+        {
+            let mut map = self.recovering.lock().expect("recovering lock");
+            if map.len() >= LOST_MAX {
+                map.clear();
+            }
+            let key = (lost.room.clone(), lost.participant.clone());
+            match map.get(&key).copied() {
+                Some((lo, hi)) if after <= hi && upto >= lo => {
+                    // Overlapping or touching: what lies outside the range queued so far.
+                    pieces.push((after, upto.min(lo)));
+                    pieces.push((after.max(hi), upto));
+                    map.insert(key, (lo.min(after), hi.max(upto)));
+                }
+                _ => {
+                    pieces.push((after, upto));
+                    map.insert(key, (after, upto));
+                }
+            }
+        }
+        for (after, upto) in pieces {
+            self.queue_lost(crate::store::Lost {
+                after,
+                upto,
+                ..lost.clone()
+            });
+        }
+    }
+
+    /// Queues `lost` as it is (an empty range is not).
+    fn queue_lost(&self, lost: crate::store::Lost) {
         if lost.upto <= lost.after {
             return;
         }
@@ -1132,7 +1174,7 @@ async fn notifier(app: Arc<App>) {
                     full = false; // the store failed: a pause before the next try
                     room.into_iter()
                         .chain(rooms.flatten())
-                        .for_each(|l| app.lost(l));
+                        .for_each(|l| app.queue_lost(l));
                     break;
                 }
             }
@@ -1516,6 +1558,50 @@ mod tests {
             None,
         );
         (dir, app)
+    }
+
+    /// A lost session queues for its participant's inbox only the seqs no lost session of the
+    /// same participant queued before (16 sessions that never answer a ping, reset one after
+    /// another, each queued everything published in its time); another participant's, and a
+    /// retry of a recovery the store failed, are queued whole.
+    #[tokio::test]
+    async fn a_lost_session_queues_only_what_its_participant_has_not() {
+        let (_dir, app) = test_app().await;
+        let room = RoomId::new("r").unwrap();
+        let lost = |p: &str, after: u64, upto: u64| crate::store::Lost {
+            room: room.clone(),
+            participant: ParticipantId::new(p).unwrap(),
+            after: Seq(after),
+            upto: Seq(upto),
+        };
+        let queued = |app: &App| -> Vec<(String, u64, u64)> {
+            app.lost
+                .lock()
+                .unwrap()
+                .drain(..)
+                .map(|l| (l.participant.to_string(), l.after.0, l.upto.0))
+                .collect()
+        };
+        app.lost(lost("m", 50, 100));
+        app.lost(lost("m", 60, 90)); // inside: nothing new
+        app.lost(lost("m", 40, 120)); // both sides
+        app.lost(lost("m", 120, 130)); // touching
+        app.lost(lost("b", 60, 90)); // another participant
+        app.lost(lost("m", 200, 210)); // apart: whole
+        app.lost(lost("m", 7, 7)); // empty
+        assert_eq!(
+            queued(&app),
+            [
+                ("m".into(), 50, 100),
+                ("m".into(), 40, 50),
+                ("m".into(), 100, 120),
+                ("m".into(), 120, 130),
+                ("b".into(), 60, 90),
+                ("m".into(), 200, 210),
+            ]
+        );
+        app.queue_lost(lost("m", 200, 210));
+        assert_eq!(queued(&app), [("m".into(), 200, 210)]);
     }
 
     fn in_map(app: &App, room: &RoomId) -> bool {

@@ -420,6 +420,8 @@ fn cli_keygen_token_and_graceful_shutdown() {
         ("--room-bytes-rate", "0", rate),
         ("--room-bytes-rate", "-5", rate),
         ("--room-bytes-rate", "NaN", rate),
+        ("--signal-bytes-rate", "0", rate),
+        ("--signal-bytes-rate", "NaN", rate),
         ("--msg-rate", "0", rate),
         ("--msg-rate", "0.4", rate),
         ("--msg-rate", "NaN", rate),

@@ -247,14 +247,15 @@ async fn presence_and_signalling_stay_in_the_room() {
     .await;
 }
 
-/// A member's signals are held to a byte rate ([`SIGNAL_BYTES_RATE`] after a burst of
-/// [`SIGNAL_BYTES_BURST`], each delivery counted): past it they are dropped and counted, and
-/// another member's signals still come. Only the flood limit held them (200 frames of 64 KiB a
-/// second a connection): one member could keep another's queue full of its own.
+/// A member's signals are held to a byte rate (`Config::signal_bytes_rate`, after its burst,
+/// each delivery counted): past it they are dropped and counted, and another member's signals
+/// still come. Only the flood limit held them (200 frames of 64 KiB a second a connection): one
+/// member could keep another's queue full of its own.
 #[tokio::test]
 async fn a_members_signals_are_held_to_a_byte_rate() {
-    use hostlease_server::rooms::{SIGNAL_BYTES_BURST, SIGNAL_BYTES_RATE};
-    let srv = start(test_config()).await;
+    let cfg = test_config();
+    let (rate, burst) = (cfg.signal_bytes_rate, cfg.signal_bytes_burst);
+    let srv = start(cfg).await;
     let mut a = srv.raw("sr", "alice", false).await;
     let _ = ptoken(&mut a).await;
     let mut c = srv.raw("sr", "carol", false).await;
@@ -280,8 +281,8 @@ async fn a_members_signals_are_held_to_a_byte_rate() {
     }
     // The burst's worth, and what the rate refilled while they came (a bound read off the
     // clock, never a deadline).
-    let burst = (SIGNAL_BYTES_BURST / len as f64).floor() as usize;
-    let refilled = started.elapsed().as_secs_f64() * SIGNAL_BYTES_RATE / len as f64;
+    let burst = (burst / len as f64).floor() as usize;
+    let refilled = started.elapsed().as_secs_f64() * rate / len as f64;
     assert!(
         got >= burst,
         "{got} of {sent}: less than the burst ({burst})"
@@ -1295,6 +1296,8 @@ async fn a_client_that_stops_reading_is_dropped_after_the_write_timeout() {
         write_timeout_ms: 300,
         msg_rate: 1e6,
         msg_burst: 1e6,
+        signal_bytes_rate: 1e9,
+        signal_bytes_burst: 1e9,
         ..test_config()
     })
     .await;
