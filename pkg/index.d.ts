@@ -140,7 +140,8 @@ export interface EventMap {
   /** `null`: no provisional coordinator (live again, or offline with no reachable member that
    * may host: `connection` says which). */
   provisional: { coordinator: string | null };
-  /** A copy of the view's list, the listener's own. */
+  /** A copy of the view's list, shared by this event's listeners (the view's own is not
+   * changed by sorting it; copy it before changing it when other listeners read it). */
   members: { members: Member[] };
   event: RoomEventRecord;
   discontinuity: { from: number; to: number };
@@ -159,8 +160,8 @@ export interface EventMap {
   error: HostleaseError;
 }
 
-/** `expiresAt`: milliseconds since the epoch, as `Date.now()`. */
-export type TokenResult = string | { token: string; expiresAt?: number | undefined };
+/** `expiresAt`: milliseconds since the epoch, as `Date.now()`; absent or `null`: no expiry known. */
+export type TokenResult = string | { token: string; expiresAt?: number | null | undefined };
 
 interface ConnectOptionsBase {
   /** The server's base URL (`wss://host`, or `https://host`, dialled as `wss://`; a path prefix

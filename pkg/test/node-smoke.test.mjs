@@ -373,6 +373,18 @@ test("a token that lives for weeks is not fetched again and again", async () => 
   assert.equal(await tokenCalls(300, 30 * 86_400_000), 1);
 });
 
+test("an expiresAt of null (a JSON backend's \"none\") is no expiry: the room connects and does not ask again", async () => {
+  let calls = 0;
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
+    getToken: async () => (calls++, JSON.parse('{"token": "t", "expiresAt": null}')) });
+  try {
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(calls, 1);
+  } finally {
+    room.close();
+  }
+});
+
 test("a token that looks spent on arrival (this clock ahead of the backend's) is not asked for again every second", async () => {
   assert.equal(await tokenCalls(2_500, -60_000), 1);
 });
