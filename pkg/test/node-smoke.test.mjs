@@ -373,7 +373,7 @@ test("a token that lives for weeks is not fetched again and again", async () => 
   assert.equal(await tokenCalls(300, 30 * 86_400_000), 1);
 });
 
-test("an expiresAt of null (a JSON backend's \"none\") is no expiry: the room connects and does not ask again", async () => {
+test("an expiresAt of null (a JSON backend's \"none\") is no expiry: the room connects and does not ask again; a token read by a getter is taken", async () => {
   let calls = 0;
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r",
     getToken: async () => (calls++, JSON.parse('{"token": "t", "expiresAt": null}')) });
@@ -383,6 +383,8 @@ test("an expiresAt of null (a JSON backend's \"none\") is no expiry: the room co
   } finally {
     room.close();
   }
+  class Session { get token() { return "t"; } get expiresAt() { return Date.now() + 3_600_000; } }
+  (await hl.connect({ url: "ws://127.0.0.1:9", room: "r", getToken: () => new Session() })).close();
 });
 
 test("a token that looks spent on arrival (this clock ahead of the backend's) is not asked for again every second", async () => {
