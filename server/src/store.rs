@@ -1245,18 +1245,21 @@ pub fn prune_sql() -> [String; 9] {
         // only: not the rows still waiting for a receiver that is down.
         outbox("outbox_done_by_age", "webhook_done_at IS NOT NULL"),
         // Without a webhook here, the rows no webhook worker has claimed (bound: an hour), if
-        // no worker has claimed or put off a row within that hour. A row a worker claimed
-        // (`webhook_next_at` set, about 200 ms after its commit) may be another process's to
-        // deliver: it stays for the next delete. So may one not claimed yet while a worker is
-        // behind: a receiver that hangs holds each send its 10 s, and the worker claims ~3 rows
-        // a second; committed faster, unclaimed rows grew an hour old and were deleted, never
-        // delivered nor counted as given up.
+        // no worker has been at work within that hour: none has a row in flight or put off
+        // until then, nor delivered one since. A row a worker claimed (`webhook_next_at` set,
+        // about 200 ms after its commit) may be another process's to deliver: it stays for the
+        // next delete. So may one not claimed yet while a worker is behind: a receiver that
+        // hangs holds each send its 10 s, and the worker claims ~3 rows a second; committed
+        // faster, unclaimed rows grew an hour old and were deleted, never delivered nor counted
+        // as given up.
         outbox(
             "outbox_unclaimed_by_age",
             &format!(
                 "webhook_next_at = 0 AND NOT EXISTS (SELECT 1 FROM outbox AS w INDEXED BY \
                  outbox_webhook_due WHERE w.webhook_done_at IS NULL \
-                 AND w.webhook_next_at > {NOW} - ?1)"
+                 AND w.webhook_next_at > {NOW} - ?1) AND NOT EXISTS (SELECT 1 FROM outbox AS d \
+                 INDEXED BY outbox_delivered_at WHERE d.webhook_done_at IS NOT NULL \
+                 AND d.webhook_done_at > {NOW} - ?1)"
             ),
         ),
         // And any (bound: 24 h with a webhook here, given up; an hour more without, so that
@@ -1826,8 +1829,8 @@ impl Store for SqliteStore {
                 metrics::counter!("hostlease_webhook_given_up_total").increment(lost as u64);
             }
         }
-        self.prune(|| sqlx::query(&outbox_done).bind(3_600_000i64))
-            .await?;
+        // (Before the delivered rows go: a row a worker delivered since the last run is what
+        // shows it at work, an hour behind.)
         let keep = if webhook {
             WEBHOOK_RETENTION_MS
         } else {
@@ -1835,6 +1838,8 @@ impl Store for SqliteStore {
                 .await?;
             WEBHOOK_RETENTION_MS + 3_600_000
         };
+        self.prune(|| sqlx::query(&outbox_done).bind(3_600_000i64))
+            .await?;
         self.prune(|| sqlx::query(&outbox).bind(keep)).await?;
         // Each room's log is trimmed to its newest `keep_log` items, and a closed room's goes
         // whole: no one may join it to read it (it was kept for ever, an app that opens a room

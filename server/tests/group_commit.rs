@@ -1124,16 +1124,18 @@ async fn unclaimed_outbox_rows_are_kept_while_a_webhook_worker_is_behind() {
         [1, 2, 3],
         "deleted while the worker is behind"
     );
-    // Its claim went out two hours ago and nothing since: no worker is running, the two rows
-    // never claimed go (the claimed one is kept its day).
-    sqlx::query(&format!(
-        "UPDATE outbox SET webhook_next_at = {now} - 7200000 WHERE webhook_next_at > 0"
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    // Delivered: between that answer and its next claim the worker has no row in flight. The
+    // delivered row goes (its hour is past), the others stay.
+    store.webhook_result(&claimed[0], true, 0).await.unwrap();
     store.housekeeping(10_000, false).await.unwrap();
-    assert_eq!(seqs().await, [1]);
+    assert_eq!(
+        seqs().await,
+        [2, 3],
+        "deleted between two of the worker's claims"
+    );
+    // Nothing in flight, put off or delivered since: no worker is running, the rows go.
+    store.housekeeping(10_000, false).await.unwrap();
+    assert_eq!(seqs().await, Vec::<i64>::new());
 }
 
 /// Processes started together on a fresh file (or on an upgraded one) all open it: sqlx's
