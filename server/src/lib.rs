@@ -62,7 +62,7 @@ pub struct Config {
     pub room_bytes_rate: f64,
     pub room_bytes_burst: f64,
     /// Signal bytes a participant may have the server deliver in a room, per second, and burst
-    /// (at least one frame of the largest size), over all its sessions, each delivery counted (a
+    /// (at least two frames of the largest size), over all its sessions, each delivery counted (a
     /// signal to a member with three sessions counts three times). Past it signals are dropped
     /// and counted in `hostlease_signals_dropped_total`. Without it only the flood limit held
     /// them (200 frames of 64 KiB a second a connection): one member could keep another's queue

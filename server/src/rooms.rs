@@ -334,11 +334,11 @@ impl Room {
     }
 }
 
-/// Queues `msg` for one session. A frame is dropped when the session's queue is full or holds
-/// [`OUTLET_BYTES`] already (a flood of signals; counted in `hostlease_signals_dropped_total`),
-/// but a close never is: it waits for room in a task of its own, which ends when the session
-/// reads it or is gone.
-pub fn deliver(to: &Outlet, msg: Direct) {
+/// Queues `msg` for one session; whether a frame was queued. A frame is dropped when the
+/// session's queue is full or holds [`OUTLET_BYTES`] already (a flood of signals; counted in
+/// `hostlease_signals_dropped_total`), but a close never is: it waits for room in a task of its
+/// own, which ends when the session reads it or is gone.
+pub fn deliver(to: &Outlet, msg: Direct) -> bool {
     let held = match &msg {
         Direct::Frame(f) => {
             let n = u32::try_from(f.len()).unwrap_or(u32::MAX);
@@ -346,7 +346,7 @@ pub fn deliver(to: &Outlet, msg: Direct) {
                 Ok(p) => Some(p),
                 Err(_) => {
                     metrics::counter!("hostlease_signals_dropped_total").increment(1);
-                    return;
+                    return false;
                 }
             }
         }
@@ -358,11 +358,15 @@ pub fn deliver(to: &Outlet, msg: Direct) {
             tokio::spawn(async move {
                 let _ = tx.send(m).await;
             });
+            true
         }
         Err(mpsc::error::TrySendError::Full(_)) => {
             metrics::counter!("hostlease_signals_dropped_total").increment(1);
+            false
         }
-        _ => {}
+        // A session gone: nothing to deliver to.
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+        Ok(()) => true,
     }
 }
 
@@ -558,7 +562,7 @@ impl App {
             cfg.room_bytes_burst
                 .max(hostlease::protocol::codec::MAX_CLIENT_PAYLOAD as f64),
         );
-        // One relayed frame of the largest size always fits.
+        // Two relayed frames of the largest size always fit.
         let signal_bytes = Limiter::new(
             cfg.signal_bytes_rate.max(1.0),
             cfg.signal_bytes_burst
@@ -926,6 +930,30 @@ impl App {
             }
         }
     }
+
+    /// Relays a signal `frame` from `from` to the sessions matching `to` here, each delivery
+    /// charged to `from`'s signal bytes (`Config::signal_bytes_rate`): past them it is dropped
+    /// and counted; one a full queue drops is not charged.
+    pub fn signal(
+        &self,
+        room: &Room,
+        from: &ParticipantId,
+        to: impl Fn(&Member) -> bool,
+        frame: &Utf8Bytes,
+    ) {
+        let (key, len) = ((room.id.clone(), from.clone()), frame.len() as f64);
+        let st = room.state.lock().expect("room lock");
+        for m in st.members.iter().filter(|m| to(m)) {
+            let Some(tx) = st.conns.get(&m.session) else {
+                continue;
+            };
+            if self.signal_bytes.spend(key.clone(), len).is_err() {
+                metrics::counter!("hostlease_signals_dropped_total").increment(1);
+            } else if !deliver(tx, Direct::Frame(frame.clone())) {
+                self.signal_bytes.refund(key.clone(), len);
+            }
+        }
+    }
 }
 
 /// The one structured log line per reassignment.
@@ -1085,49 +1113,55 @@ impl App {
     /// copy what was published in its time: the room's stream written into the inbox 16 times
     /// over.
     pub fn lost(&self, lost: crate::store::Lost) {
-        let (after, upto) = (lost.after, lost.upto);
+        // What the store copies at most: the newest `RECOVER_MAX` (its byte budget may copy fewer
+        // of them; those left out count as queued here too).
+        let upto = lost.upto;
+        let after = lost
+            .after
+            .max(Seq(upto.0.saturating_sub(crate::store::RECOVER_MAX)));
         if upto <= after {
             return;
         }
-        let mut pieces = Vec::with_capacity(2);
-        {
-            let mut map = self.recovering.lock().expect("recovering lock");
-            if map.len() >= LOST_MAX {
-                map.clear();
-            }
-            let key = (lost.room.clone(), lost.participant.clone());
-            match map.get(&key).copied() {
-                Some((lo, hi)) if after <= hi && upto >= lo => {
-                    // Overlapping or touching: what lies outside the range queued so far.
-                    pieces.push((after, upto.min(lo)));
-                    pieces.push((after.max(hi), upto));
-                    map.insert(key, (lo.min(after), hi.max(upto)));
-                }
-                _ => {
-                    pieces.push((after, upto));
-                    map.insert(key, (after, upto));
-                }
-            }
-        }
+        let key = (lost.room.clone(), lost.participant.clone());
+        let mut map = self.recovering.lock().expect("recovering lock");
+        let (pieces, queued) = match map.get(&key).copied() {
+            // Overlapping or touching: what lies outside the range queued so far.
+            Some((lo, hi)) if after <= hi && upto >= lo => (
+                [(after, upto.min(lo)), (after.max(hi), upto)],
+                (lo.min(after), hi.max(upto)),
+            ),
+            _ => ([(after, upto), (upto, upto)], (after, upto)),
+        };
+        let mut all = true;
         for (after, upto) in pieces {
-            self.queue_lost(crate::store::Lost {
+            all &= self.queue_lost(crate::store::Lost {
                 after,
                 upto,
                 ..lost.clone()
             });
         }
+        // Recorded only once queued: a range the full queue refused is not taken for copied.
+        if all {
+            if map.len() >= LOST_MAX {
+                map.clear();
+            }
+            map.insert(key, queued);
+        }
     }
 
-    /// Queues `lost` as it is (an empty range is not).
-    fn queue_lost(&self, lost: crate::store::Lost) {
+    /// Queues `lost` as it is; whether it is queued (an empty range needs no queueing; past
+    /// [`LOST_MAX`] it is counted as not recovered).
+    fn queue_lost(&self, lost: crate::store::Lost) -> bool {
         if lost.upto <= lost.after {
-            return;
+            return true;
         }
         let mut q = self.lost.lock().expect("lost lock");
         if q.len() < LOST_MAX {
             q.push(lost);
+            true
         } else {
             metrics::counter!("hostlease_inbox_not_recovered_total").increment(1);
+            false
         }
     }
 }
@@ -1172,9 +1206,9 @@ async fn notifier(app: Arc<App>) {
                 Err(e) => {
                     tracing::warn!(error = %e, "inbox recovery failed");
                     full = false; // the store failed: a pause before the next try
-                    room.into_iter()
-                        .chain(rooms.flatten())
-                        .for_each(|l| app.queue_lost(l));
+                    room.into_iter().chain(rooms.flatten()).for_each(|l| {
+                        app.queue_lost(l);
+                    });
                     break;
                 }
             }
@@ -1545,18 +1579,16 @@ mod tests {
     }
 
     async fn test_app() -> (tempfile::TempDir, Arc<App>) {
+        test_app_with(Config::default()).await
+    }
+
+    async fn test_app_with(cfg: Config) -> (tempfile::TempDir, Arc<App>) {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&format!("sqlite://{}", dir.path().join("m.db").display()))
             .await
             .unwrap();
         let join = Verifier::from_keys(&[Keypair::generate("app").public()]).unwrap();
-        let app = App::new(
-            Config::default(),
-            Arc::new(store),
-            Keypair::generate("srv"),
-            join,
-            None,
-        );
+        let app = App::new(cfg, Arc::new(store), Keypair::generate("srv"), join, None);
         (dir, app)
     }
 
@@ -1602,6 +1634,22 @@ mod tests {
         );
         app.queue_lost(lost("m", 200, 210));
         assert_eq!(queued(&app), [("m".into(), 200, 210)]);
+        // The store copies a session's newest 1,024 at most: only those count as queued, and a
+        // gap before them is queued when another session lost it.
+        app.lost(lost("c", 0, 5000));
+        app.lost(lost("c", 1000, 1500));
+        assert_eq!(
+            queued(&app),
+            [("c".into(), 3976, 5000), ("c".into(), 1000, 1500)]
+        );
+        // A range the full queue refused is not recorded: queued again later, whole.
+        for _ in 0..LOST_MAX {
+            app.queue_lost(lost("x", 0, 1));
+        }
+        app.lost(lost("d", 10, 20));
+        assert!(!queued(&app).contains(&("d".into(), 10, 20)));
+        app.lost(lost("d", 10, 20));
+        assert_eq!(queued(&app), [("d".into(), 10, 20)]);
     }
 
     fn in_map(app: &App, room: &RoomId) -> bool {
@@ -1703,6 +1751,50 @@ mod tests {
         hub.publish(Item::Assignment(newer.clone()));
         app.load(&hub).await.unwrap();
         assert_eq!(snapshot_of(&hub), (Seq(3), newer));
+    }
+
+    /// A signal a full queue drops is not charged to its sender's signal bytes: a member that
+    /// reads nothing (16 sessions, each queue full) spent its senders' budget on signals it
+    /// never got, and their offers to the other peers were dropped. Past the budget a signal is
+    /// dropped.
+    #[tokio::test]
+    async fn a_signal_a_full_queue_drops_is_not_charged() {
+        // A budget of four queues' worth, refilled at 1 byte a second.
+        let (_dir, app) = test_app_with(Config {
+            signal_bytes_rate: 1.0,
+            signal_bytes_burst: 4.0 * OUTLET_BYTES as f64,
+            ..Config::default()
+        })
+        .await;
+        let hub = Arc::new(Room::new(RoomId::new("sg").unwrap(), genesis("sg").into()));
+        let (slow, _slow_rx) = Outlet::new();
+        let (fast, mut fast_rx) = Outlet::new();
+        {
+            let mut st = hub.state.lock().unwrap();
+            st.members.extend([member(1), member(2)]);
+            st.conns.insert(member(1).session, slow);
+            st.conns.insert(member(2).session, fast);
+        }
+        let from = ParticipantId::new("sender").unwrap();
+        let frame: Utf8Bytes = "x".repeat(60 * 1024).into();
+        // Far more than the burst to the member that reads nothing: its queue takes 17.
+        for _ in 0..200 {
+            app.signal(&hub, &from, |m| m.join_seq == 1, &frame);
+        }
+        // The budget left is the burst less those 17: the other member gets its share.
+        let burst = app.cfg.signal_bytes_burst;
+        let left = ((burst - 17.0 * frame.len() as f64) / frame.len() as f64).floor() as usize;
+        assert!(left >= 1, "{left}");
+        let mut got = 0;
+        for _ in 0..left + 3 {
+            app.signal(&hub, &from, |m| m.join_seq == 2, &frame);
+            // (Read at once: this member's queue never fills.)
+            while fast_rx.try_recv().is_ok() {
+                got += 1;
+            }
+        }
+        // And past the budget, dropped.
+        assert_eq!(got, left);
     }
 
     /// A session's queue holds at most `OUTLET_BYTES` of signals: a sender flooding a member

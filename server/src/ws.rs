@@ -1231,18 +1231,11 @@ impl Conn {
                     data,
                 })
                 .into();
-                let (sender, len) = ((self.room.id.clone(), self.me.clone()), f.len() as f64);
-                self.app.direct(
+                self.app.signal(
                     &self.room,
-                    |m| {
-                        m.id == to
-                            && to_session.as_ref().is_none_or(|s| &m.session == s)
-                            && (self.app.signal_bytes.spend(sender.clone(), len).is_ok() || {
-                                metrics::counter!("hostlease_signals_dropped_total").increment(1);
-                                false
-                            })
-                    },
-                    || Direct::Frame(f.clone()),
+                    &self.me,
+                    |m| m.id == to && to_session.as_ref().is_none_or(|s| &m.session == s),
+                    &f,
                 );
                 Flow::Continue
             }
