@@ -1010,14 +1010,12 @@ fn the_request_hash_tells_every_different_payload_apart() {
     }
 }
 
-/// A webhook delivery is retried for 24 h after its commit, however many attempts failed (it was
-/// given up after 12, some 10–20 minutes of backoff: a receiver down for a deploy lost what was
-/// committed meanwhile); past that it is no longer tried, and housekeeping deletes it.
-#[tokio::test]
-async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
-    let (_dir, store) = temp_store().await;
+/// A store whose room `room` had three grants (epochs 1 to 3, seqs 1 to 3), their outbox rows
+/// notified.
+async fn three_notified_grants(room: &str) -> (tempfile::TempDir, SqliteStore) {
+    let (dir, store) = temp_store().await;
     let keys = Keypair::generate("k1");
-    let room = RoomId::new("wh").unwrap();
+    let room = RoomId::new(room).unwrap();
     let holder = (
         ParticipantId::new("h").unwrap(),
         SessionId::new("h-s").unwrap(),
@@ -1026,6 +1024,15 @@ async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
         grant_won(&store, &keys, &room, epoch, holder.clone()).await;
     }
     notify_all(&store).await;
+    (dir, store)
+}
+
+/// A webhook delivery is retried for 24 h after its commit, however many attempts failed (it was
+/// given up after 12, some 10–20 minutes of backoff: a receiver down for a deploy lost what was
+/// committed meanwhile); past that it is no longer tried, and housekeeping deletes it.
+#[tokio::test]
+async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
+    let (_dir, store) = three_notified_grants("wh").await;
     let now = hostlease_server::store::NOW;
     // Two failed 40 times; the first was committed two hours ago, the second 25 hours ago. The
     // third, two hours ago too, was delivered.
@@ -1088,22 +1095,12 @@ async fn webhook_deliveries_are_retried_for_a_day_then_given_up() {
 }
 
 /// A process without a webhook deletes the rows no worker claimed after an hour, but not while a
-/// webhook worker on the file is behind (it claimed or put off a row within that hour): a
+/// webhook worker on the file is behind (it claimed, put off or delivered a row within that hour): a
 /// receiver that hangs holds each send its 10 s, the worker claims ~3 rows a second, and rows
 /// committed faster grew an hour old unclaimed and were deleted, never delivered nor counted.
 #[tokio::test]
 async fn unclaimed_outbox_rows_are_kept_while_a_webhook_worker_is_behind() {
-    let (_dir, store) = temp_store().await;
-    let keys = Keypair::generate("k1");
-    let room = RoomId::new("wb").unwrap();
-    let holder = (
-        ParticipantId::new("h").unwrap(),
-        SessionId::new("h-s").unwrap(),
-    );
-    for epoch in 0..3 {
-        grant_won(&store, &keys, &room, epoch, holder.clone()).await;
-    }
-    notify_all(&store).await;
+    let (_dir, store) = three_notified_grants("wb").await;
     let now = hostlease_server::store::NOW;
     // All committed two hours ago; the worker has claimed only the first.
     sqlx::query(&format!("UPDATE outbox SET created_at = {now} - 7200000"))
