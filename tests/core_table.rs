@@ -1008,6 +1008,95 @@ fn sent(t: &[ClientMsg]) -> Vec<IdempotencyKey> {
         .collect()
 }
 
+/// A host command refused with a retry time on every attempt, waiting to go again, certainly
+/// was not applied: when the connection drops it fails `NotAuthoritative`, not `Interrupted`
+/// (outcome unknown), as after one refusal. (Its answers come in order on its one connection.)
+#[test]
+fn a_host_command_refused_on_every_attempt_fails_with_a_definite_error() {
+    let limited = || Outcome::Rejected {
+        code: RejectCode::RateLimited,
+        current: None,
+        retry_after_ms: Some(100),
+    };
+    for refusals in [1, 2] {
+        let mut v = live("a", "a", 2);
+        confirm_lease(&mut v, 2, 100, 110, 3000);
+        let open = host_command(&mut v, 120).unwrap();
+        let mut t = 130;
+        for _ in 0..refusals {
+            let (tx, _) = drain(&mut v);
+            assert_eq!(sent(&tx), std::slice::from_ref(&open));
+            server(
+                &mut v,
+                t,
+                ServerMsg::CommandResult {
+                    id: open.clone(),
+                    outcome: limited(),
+                },
+            );
+            t += 1_000;
+            v.handle_timeout(at(t));
+        }
+        // Refused again, and the connection drops while it waits.
+        server(
+            &mut v,
+            t + 1,
+            ServerMsg::CommandResult {
+                id: open.clone(),
+                outcome: limited(),
+            },
+        );
+        v.handle_disconnected(at(t + 2));
+        let (_, ev) = drain(&mut v);
+        assert!(
+            ev.contains(&Event::CommandFailed {
+                id: open.clone(),
+                error: CommandError::NotAuthoritative
+            }),
+            "{refusals}: {ev:?}"
+        );
+    }
+}
+
+/// A host command held behind another stays held through a resync, whatever else is made
+/// meanwhile, and goes after the welcome. A participant command made during the resync sent the
+/// held ones on the spot, and the host command failed `NotAuthoritative` though made with
+/// authority.
+#[test]
+fn a_held_host_command_waits_out_a_resync_whatever_is_made_meanwhile() {
+    let mut v = live("a", "a", 2);
+    confirm_lease(&mut v, 2, 100, 110, 3000);
+    let open = host_command(&mut v, 120).unwrap();
+    let close = host_command(&mut v, 121).unwrap();
+    let (t, _) = drain(&mut v);
+    assert_eq!(sent(&t), std::slice::from_ref(&open));
+    // A gap: the view resyncs; the first command's answer comes meanwhile.
+    let (t, _) = server(&mut v, 130, ServerMsg::Event(event(4, 2, "b")));
+    assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
+    server(&mut v, 140, accepted(open));
+    v.command(at(150), action("vote"), js(json!(1)), None)
+        .unwrap();
+    let (t, ev) = drain(&mut v);
+    assert_eq!(sent(&t), []);
+    assert!(
+        !ev.iter().any(|e| matches!(e, Event::CommandFailed { .. })),
+        "{ev:?}"
+    );
+    // The welcome: the held host command goes, then the vote.
+    let snap = snapshot(
+        assignment(2, 4, Some("a")),
+        vec![member("a", 1)],
+        Some(3000),
+    );
+    let missed = vec![Item::Event(event(3, 2, "b")), Item::Event(event(4, 2, "b"))];
+    let (t, ev) = server(&mut v, 200, welcome("a", snap, missed));
+    assert!(
+        !ev.iter().any(|e| matches!(e, Event::CommandFailed { .. })),
+        "{ev:?}"
+    );
+    assert_eq!(sent(&t).first(), Some(&close));
+}
+
 /// A refusal with a retry time does not reorder commands: a command goes once the one of its
 /// kind made before it is decided (before: one made meanwhile went at once, and resends due
 /// together went newest first; a changed vote refused with the one it changed then landed

@@ -723,7 +723,7 @@ impl HostView {
                 i += 1;
             }
         }
-        if resent && self.phase == Phase::Live {
+        if resent {
             self.flush_queued(now);
         }
     }
@@ -809,9 +809,7 @@ impl HostView {
                     }
                     Role::Participant => {
                         self.participant_grant = Some(grant);
-                        if self.phase == Phase::Live {
-                            self.flush_queued(now);
-                        }
+                        self.flush_queued(now);
                     }
                 }
             }
@@ -831,9 +829,7 @@ impl HostView {
             ServerMsg::CommandResult { id, outcome } => {
                 self.handle_result(now, id, outcome);
                 // A command decided may have held later ones back (`send`).
-                if self.phase == Phase::Live {
-                    self.flush_queued(now);
-                }
+                self.flush_queued(now);
             }
             ServerMsg::Discontinuity(gap) => {
                 if self.phase == Phase::Live && gap.from <= self.cursor.next() {
@@ -1579,15 +1575,16 @@ impl HostView {
 
     /// Fails command `i`, refused here with `e`; but `Interrupted` when an attempt already sent
     /// may have got no answer (a resend, or one the connection's drop hid; in backoff, the last
-    /// attempt was answered, but one before it may not have been): that one may have been
-    /// applied, and `e` would say it was not.
+    /// attempt was answered, but for a participant command one before it, on an earlier
+    /// connection, may not have been): that one may have been applied, and `e` would say it was
+    /// not. A host command never outlives its connection, whose answers come in order: in
+    /// backoff, every attempt was refused.
     fn refuse(&mut self, i: usize, e: CommandError) {
         let c = &self.commands[i];
-        let answered = match c.state {
-            CmdState::Backoff { .. } => 1,
-            _ => 0,
+        let unanswered = match c.state {
+            CmdState::Backoff { .. } => c.kind == ActionKind::Participant && c.attempts > 1,
+            _ => c.attempts > 0,
         };
-        let unanswered = c.attempts > answered;
         self.fail_at(i, [e, CommandError::Interrupted][usize::from(unanswered)]);
     }
 
@@ -1606,10 +1603,15 @@ impl HostView {
             && self.commands.iter().any(|c| c.state == CmdState::Queued)
     }
 
-    /// Sends every queued command, oldest first: participant commands once a participant token
-    /// is at hand (live without one, a resync asks for it after a command timeout: the token
-    /// normally follows the welcome at once).
+    /// Sends every queued command, oldest first, when live (a host command held through a
+    /// resync would be refused by the host gate until the welcome: it was failed
+    /// `NotAuthoritative` when a participant command made meanwhile flushed the queue);
+    /// participant commands once a participant token is at hand (live without one, a resync
+    /// asks for it after a command timeout: the token normally follows the welcome at once).
     fn flush_queued(&mut self, now: Instant) {
+        if self.phase != Phase::Live {
+            return;
+        }
         let mut i = 0;
         while i < self.commands.len() {
             let before = self.commands.len();
