@@ -621,12 +621,13 @@ impl State {
                 step(&rc, |s, _| {
                     let now = s.now();
                     s.view.handle_wake(now);
-                    if name == "online" && s.reconnect_at.is_some() {
+                    if name == "online" {
                         // The network is back: redial now rather than at the backoff or at the
                         // deadline of a dial begun on the old network (not while a token is
-                        // awaited: that dial is on its way).
+                        // awaited: that dial is on its way, and if it fails the next waits the
+                        // first backoff, not the one the outage grew).
                         s.attempt = 0;
-                        s.reconnect_at = Some(now);
+                        s.reconnect_at = s.reconnect_at.and(Some(now));
                     }
                 });
             });
@@ -1044,6 +1045,9 @@ mod tests {
             .filter(|e| e["type"] == "token_needed")
             .count();
         assert_eq!(asked, 1, "{:?}", seen.borrow());
+        // But the backoff the outage grew starts over: if that dial fails, the next waits the
+        // first step, not up to 15 s after the network came back.
+        assert_eq!(d.inner.borrow().attempt, 0);
         let view: serde_json::Value = serde_json::from_str(&d.view()).unwrap();
         assert_eq!(view["phase"], "offline");
         assert_eq!(view["amHost"], false);
