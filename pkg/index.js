@@ -513,7 +513,7 @@ export class Room {
     // (An `expiresAt` of `null`, as a JSON backend writes "none", is none.)
     const t = typeof got === "string" ? { token: got } : { token: got?.token, expiresAt: got?.expiresAt ?? undefined };
     if (!(typeof t.token == "string" && t.token) || !(t.expiresAt === undefined || typeof t.expiresAt == "number" && t.expiresAt > 1e12)) {
-      fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() gave no token (or expiresAt not in ms)"));
+      fail(new ConnectionError(ErrorCode.TokenUnavailable, "getToken() gave no token, or expiresAt not in ms"));
       return null;
     }
     this.#token = t;

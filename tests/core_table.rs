@@ -1008,6 +1008,48 @@ fn sent(t: &[ClientMsg]) -> Vec<IdempotencyKey> {
         .collect()
 }
 
+/// A participant command refused with a retry time keeps it across a reconnect: it goes again
+/// at that time, not at the welcome (where it was refused again and spent an attempt), and one
+/// made meanwhile waits behind it.
+#[test]
+fn a_retry_time_outlasts_a_reconnect() {
+    let mut v = live("b", "a", 2);
+    let vote = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    drain(&mut v);
+    server(
+        &mut v,
+        30,
+        ServerMsg::CommandResult {
+            id: vote.clone(),
+            outcome: Outcome::Rejected {
+                code: RejectCode::RateLimited,
+                current: None,
+                retry_after_ms: Some(30_000),
+            },
+        },
+    );
+    v.handle_disconnected(at(100));
+    v.handle_connected(at(200), Token::new("join-token"));
+    let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
+    server(&mut v, 300, welcome("b", snap, vec![]));
+    let (t, _) = server(&mut v, 300, participant_cap());
+    assert_eq!(sent(&t), []);
+    let later = v
+        .command(at(400), action("vote"), js(json!(2)), None)
+        .unwrap();
+    assert_eq!(sent(&drain(&mut v).0), []);
+    // Not before the retry time (30 s after the refusal), then at the next timeout due.
+    v.handle_timeout(at(30_029));
+    assert_eq!(sent(&drain(&mut v).0), []);
+    let due = v.poll_timeout().expect("the retry time");
+    v.handle_timeout(due);
+    assert_eq!(sent(&drain(&mut v).0), std::slice::from_ref(&vote));
+    let (t, _) = server(&mut v, due.ms_since(at(0)) + 1, accepted(vote));
+    assert_eq!(sent(&t), [later]);
+}
+
 /// A host command refused with a retry time on every attempt, waiting to go again, certainly
 /// was not applied: when the connection drops it fails `NotAuthoritative`, not `Interrupted`
 /// (outcome unknown), as after one refusal. (Its answers come in order on its one connection.)

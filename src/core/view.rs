@@ -248,10 +248,10 @@ enum CmdState {
     /// Not sent yet: made while not live (participant actions only; sent after the resync), or
     /// behind an older command of its kind (sent once that one is decided).
     Queued,
-    /// Sent; resend with the same key at `resend_at` if no result came.
-    InFlight { resend_at: Instant },
     /// Rejected as retryable; send again at `until`.
     Backoff { until: Instant },
+    /// Sent; resend with the same key at `resend_at` if no result came.
+    InFlight { resend_at: Instant },
     /// Sent, then the connection dropped: the outcome is unknown until the next welcome.
     Unknown,
 }
@@ -600,10 +600,9 @@ impl HostView {
                 self.refuse(i, CommandError::NotAuthoritative);
                 continue;
             }
-            if matches!(
-                c.state,
-                CmdState::InFlight { .. } | CmdState::Backoff { .. }
-            ) {
+            // (One refused with a retry time keeps it: it goes again then, with its key, not
+            // at the welcome, where it was refused again and spent an attempt.)
+            if !matches!(c.state, CmdState::Backoff { .. } | CmdState::Queued) {
                 c.state = CmdState::Unknown;
             }
             c.out = 0; // their answers went with the connection
