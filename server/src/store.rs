@@ -537,10 +537,12 @@ async fn append(
     Ok(())
 }
 
-/// The CAS grant inside an open transaction.
+/// The CAS grant inside an open transaction. `fenced`: the holder it replaces may not know (see
+/// [`GrantReq::forced`]).
 async fn grant_in_tx(
     c: &mut SqliteConnection,
     req: &GrantReq,
+    fenced: bool,
     signer: &Keypair,
 ) -> StoreResult<GrantOutcome> {
     sqlx::query("INSERT OR IGNORE INTO rooms (room) VALUES (?)")
@@ -558,7 +560,7 @@ async fn grant_in_tx(
     // nothing before; the new lease runs from the fence, so that it does not lapse meanwhile.
     // SET expressions read the old row.
     // (A holder still fenced was never confirmed: its lease adds nothing to the fence.)
-    let fence = if req.forced() {
+    let fence = if fenced {
         format!(
             "MAX(fenced_until, CASE WHEN host IS NOT NULL AND fenced_until <= {NOW} \
              THEN lease_expires ELSE 0 END)"
@@ -801,7 +803,12 @@ async fn command_in_tx(
             require_lapsed: false,
             close: false,
         };
-        match grant_in_tx(tx, &g, signer).await? {
+        // Sent over HTTP (a backend holding the host's capability), the holder's SDK has not
+        // given the role up: it acts until it hears of this grant, which a stalled connection or
+        // another process's publisher may hold back, so the successor is fenced like an admin's
+        // reassign. Over its own socket the SDK gives authority up as it sends.
+        let fenced = req.sender_session.is_none();
+        match grant_in_tx(tx, &g, fenced, signer).await? {
             GrantOutcome::Won { assignment: a, .. } => assignment = Some(a),
             GrantOutcome::Lost(_) => {
                 return Ok((reject(RejectCode::StaleEpoch), false));
@@ -1325,7 +1332,7 @@ impl Store for SqliteStore {
 
     async fn grant(&self, req: GrantReq, signer: &Keypair) -> StoreResult<GrantOutcome> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let out = grant_in_tx(&mut tx, &req, signer).await?;
+        let out = grant_in_tx(&mut tx, &req, req.forced(), signer).await?;
         if matches!(out, GrantOutcome::Won { .. }) {
             tx.commit().await?;
         } else {

@@ -1522,3 +1522,77 @@ async fn kicking_a_host_whose_connection_dropped_replaces_it() {
     assert_eq!(a.reason, Reason::Kicked);
     assert_eq!(a.host.as_ref().map(|h| h.as_str()), Some("bob"));
 }
+
+/// A transfer sent over HTTP (a backend holding the host's capability) is fenced like an admin's
+/// reassign: the host's SDK did not send it and acts until it hears of the new epoch, which a
+/// stalled connection or another process's publisher may hold back, so the successor is
+/// confirmed only once the lease taken away has run out. Sent over the host's own socket it is
+/// not: the SDK gives its authority up as it sends.
+#[tokio::test]
+async fn a_transfer_over_http_waits_out_the_lease_it_takes_away() {
+    use hostlease::protocol::{Action, ClientMsg, IdempotencyKey};
+    let srv = start(hostlease_server::Config {
+        lease_ms: 3000,
+        ..test_config()
+    })
+    .await;
+    for over_http in [true, false] {
+        let name = format!("hx{over_http}");
+        let room = RoomId::new(&name).unwrap();
+        let mut a = srv.raw(&name, "alice", true).await;
+        a.until_host().await;
+        let (epoch, token) = a.host_capability().unwrap();
+        let mut b = srv.raw(&name, "bob", true).await;
+        b.until(|m| matches!(m, ServerMsg::Welcome { .. }).then_some(()))
+            .await;
+        let before = srv.app.store.room(&room).await.unwrap().unwrap();
+        if over_http {
+            let resp = reqwest::Client::new()
+                .post(format!("http://{}/v1/rooms/{name}/commands", srv.addr))
+                .bearer_auth(token.expose())
+                .header("Idempotency-Key", "transfer-1")
+                .json(&serde_json::json!({
+                    "action": "host.transfer",
+                    "payload": {"to": "bob"},
+                    "epoch": epoch.map(|e| e.0),
+                }))
+                .send()
+                .await
+                .unwrap();
+            assert!(resp.status().is_success(), "{}", resp.status());
+        } else {
+            a.send(&ClientMsg::Command {
+                id: IdempotencyKey::new("transfer-1").unwrap(),
+                action: Action::new("host.transfer").unwrap(),
+                payload: serde_json::json!({"to": "bob"}).into(),
+                epoch,
+                capability: token,
+            })
+            .await;
+        }
+        let next = before.epoch.next();
+        let reason = b
+            .until(|m| match m {
+                ServerMsg::Assignment(s) if s.assignment.epoch == next => Some(s.assignment.reason),
+                _ => None,
+            })
+            .await;
+        assert_eq!(reason, Reason::Transferred);
+        let row = srv.app.store.room(&room).await.unwrap().unwrap();
+        if over_http {
+            assert_eq!(row.fenced_until, before.lease_expires, "not fenced");
+            let confirmed = confirmed_at(&mut b, next).await;
+            not_before(
+                confirmed,
+                before.lease_expires,
+                "bob (a transfer over HTTP)",
+            );
+        } else {
+            assert_eq!(
+                row.fenced_until, before.fenced_until,
+                "fenced over the socket"
+            );
+            confirmed_at(&mut b, next).await;
+        }
+    }
+}
