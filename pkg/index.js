@@ -402,26 +402,34 @@ export class Room {
     if (!id(peerId) || typeof channel?.addEventListener !== "function") {
       throw new UsageError(ErrorCode.BadArgument, "attachPeer() needs a peer id and an RTCDataChannel");
     }
-    this.detachPeer(peerId);
+    // (One open already replaces the one before without a moment unreachable between.)
+    if (channel.readyState === "open") this._peers.get(peerId)?.listening.abort();
+    else this.detachPeer(peerId);
     // A channel already closing fires no `close` that would let go of it.
     if (this._closed || /^clos/.test(channel.readyState)) return;
     const onOpen = () => {
       this._driver.peer(peerId, true);
-      const signed = this.view.signed;
-      if (signed?.sig) this._sendRelay(channel, signed);
+      this._sendRelay(channel, this.view.signed);
     };
     const onClose = () => this.detachPeer(peerId); // let go of a closed channel
-    const onMessage = (e) => {
+    // The channel's relays are checked one at a time; one that comes meanwhile waits, replaced by
+    // the next to come (a peer relays its newest assignment): a peer flooding relays while the
+    // keys are read holds two, not all it sent. (What is not a relay replaces nothing.)
+    let next, checking;
+    const onMessage = async (e) => {
       // A string of at most 4 KiB (a signed assignment is under 1 KiB): a peer's larger
       // message is not parsed (a data channel may carry up to 1 GiB).
       if (!(e.data.length <= RELAY_MAX) || !e.data.includes(RELAY_TAG)) return;
       let msg;
       try {
         msg = JSON.parse(e.data);
-      } catch {
-        return;
+      } catch {}
+      if (!(msg?.t === RELAY_TAG && (next = msg.assignment || next)) || checking) return;
+      try {
+        for (checking = 1; (msg = next); await this._onRelay(peerId, msg)) next = null;
+      } finally {
+        checking = 0;
       }
-      if (msg && msg.t === RELAY_TAG && msg.assignment) this._onRelay(peerId, msg.assignment);
     };
     const listening = new AbortController(); // detachPeer removes them all at once
     const opts = { signal: listening.signal };
@@ -476,7 +484,7 @@ export class Room {
     // `error` closes the room) emitted nothing here: `closed` is announced now all the same, and
     // the rest of that step is not delivered.
     if (!this._ended) this._dispatch({ type: "connection", phase: "closed" });
-    for (const id of [...this._peers.keys()]) this.detachPeer(id);
+    this._peers.forEach((_, id) => this.detachPeer(id)); // (deleting as it goes: a Map allows it)
     this._release();
   }
 
@@ -605,7 +613,7 @@ export class Room {
       case "host": {
         const a = e.assignment;
         // Relayed before the listeners see `a`, so that none can change what the peers get.
-        if (a.sig) for (const p of this._peers.values()) this._sendRelay(p.channel, a);
+        for (const p of this._peers.values()) this._sendRelay(p.channel, a);
         e = {
           host: a.host ?? null, session: a.session ?? null, epoch: a.epoch, reason: a.reason,
           previousEpoch: e.previous_epoch ?? null, via: e.via, issuedAt: a.issued_at, assignment: a,
@@ -680,7 +688,8 @@ export class Room {
   _sendRelay(channel, signed) {
     // A reason this SDK does not know (a newer server's) was decoded as "unknown": the copy it
     // would relay is not what the server signed, and every peer would report it forged.
-    if (channel.readyState !== "open" || signed.reason === "unknown") return;
+    // (Unsigned: none held yet, or the assignment was not signed.)
+    if (channel.readyState !== "open" || !signed?.sig || signed.reason === "unknown") return;
     try {
       channel.send(JSON.stringify({ t: RELAY_TAG, assignment: signed }));
     } catch {
@@ -719,13 +728,14 @@ export class Room {
   }
 
   async _onRelay(peerId, signed) {
-    const report = (accepted, reason) => this._emit("relay", { peer: peerId, epoch: count(signed?.epoch) ? signed.epoch : undefined, accepted, reason });
+    // (`signed`: the `assignment` of a relay message, never falsy; anything else.)
+    const report = (accepted, reason) => this._emit("relay", { peer: peerId, epoch: count(signed.epoch) ? signed.epoch : undefined, accepted, reason });
     // "unsigned" (or for another room) and "forged" (not verified) are errors too.
     const refuse = (reason) => {
       this._emit("error", new ProtocolError(ErrorCode.ForgedRelay, `a relayed assignment was refused: ${reason}`));
       report(false, reason);
     };
-    if (!signed || signed.room !== this.room || typeof signed.sig !== "string" || typeof signed.kid !== "string") {
+    if (signed.room !== this.room || typeof signed.sig !== "string" || typeof signed.kid !== "string") {
       return refuse("unsigned");
     }
     let keys;
@@ -742,12 +752,10 @@ export class Room {
     // a read under way for another relay is waited for).
     const key = keys.get(signed.kid) ?? (await this._loadKeys(keys)).get(signed.kid);
     const bytes = signingBytes(signed);
-    let ok = false;
-    if (key && bytes) {
-      try {
-        ok = await crypto.subtle.verify("Ed25519", key, b64urlDecode(signed.sig), bytes);
-      } catch {} // a malformed signature: not verified
-    }
+    let ok;
+    try {
+      ok = key && bytes && (await crypto.subtle.verify("Ed25519", key, b64urlDecode(signed.sig), bytes));
+    } catch {} // a malformed signature: not verified
     if (!ok) return refuse("forged");
     if (this._closed) return;
     // The checked fields only: whatever else the peer put in the object is not passed on (nor

@@ -474,6 +474,12 @@ test("a data channel that closes is let go of; attachPeer() after close() does n
   room.attachPeer("p5", open);
   open.dispatchEvent(new Event("open"));
   assert.deepEqual(announced, [["p5", true]]);
+  // Attached again, open (a newer channel of the same peer): never unreachable in between.
+  room.attachPeer("p5", Object.assign(channel(), { readyState: "open" }));
+  assert.deepEqual(announced, [["p5", true], ["p5", true]]);
+  // Replaced by one not open yet: unreachable until it opens.
+  room.attachPeer("p5", channel());
+  assert.deepEqual(announced, [["p5", true], ["p5", true], ["p5", false]]);
   room.close();
   room.attachPeer("p3", channel());
   assert.equal(room._peers.size, 0);
@@ -784,6 +790,52 @@ test("a relay signed with a key published since the keys were read is verified a
   }
   assert.deepEqual(reasons, ["stale", "stale", "forged", "stale", "stale", "forged", "forged", "stale"]);
   assert.equal(fetches, 2);
+});
+
+test("a peer's relays are checked one at a time: a flood while the keys are read holds only the newest", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const http = await import("node:http");
+  const { subtle } = globalThis.crypto;
+  const key = await subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
+  const x = Buffer.from(await subtle.exportKey("raw", key.publicKey)).toString("base64url");
+  let answer;
+  const asked = new Promise((r) => (answer = r));
+  const server = http.createServer(async (req, res) => {
+    await asked; // held until the relays are in
+    res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys: [{ kid: "k1", alg: "Ed25519", x }] }));
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
+  const heard = [];
+  room.on("relay", (r) => heard.push(`${r.peer} ${r.epoch} ${r.reason}`));
+  const channels = {};
+  for (const peer of ["a", "b"]) {
+    room.attachPeer(peer, (channels[peer] = Object.assign(new EventTarget(), { readyState: "open", send() {} })));
+  }
+  const relay = async (peer, epoch) => {
+    const assignment = await signedRelay(key.privateKey,
+      { room: "r", host: "p", session: "s", epoch, seq: epoch, lease_ms: 1000, reason: "elected", issued_at: 0, kid: "k1" });
+    channels[peer].dispatchEvent(new MessageEvent("message", { data: JSON.stringify({ t: "hostlease.relay", assignment }) }));
+  };
+  const until = async (what) => {
+    for (let i = 0; i < 500 && !heard.includes(what); i++) await new Promise((r) => setTimeout(r, 10));
+  };
+  try {
+    for (let epoch = 1; epoch <= 50; epoch++) await relay("a", epoch);
+    // Not a relay (no assignment): it replaces nothing.
+    channels.a.dispatchEvent(new MessageEvent("message", { data: JSON.stringify({ t: "hostlease.relay", assignment: null }) }));
+    await relay("b", 7); // another peer's waits for no one's but its own
+    answer();
+    await until("a 50 stale");
+    // One more from "a", checked after every one before it: the flood's middle is never checked.
+    await relay("a", 60);
+    await until("a 60 stale");
+    // Before a first snapshot none is adopted: each checked one is "stale".
+    assert.deepEqual(heard.sort(), ["a 1 stale", "a 50 stale", "a 60 stale", "b 7 stale"]);
+  } finally {
+    room.close();
+    server.close();
+  }
 });
 
 test("a malformed key among the server's keys leaves the others usable; none usable is as no Ed25519", async () => {
