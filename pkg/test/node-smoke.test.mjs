@@ -741,28 +741,31 @@ async function signedRelay(privateKey, a) {
   return { ...a, sig: Buffer.from(await globalThis.crypto.subtle.sign({ name: "Ed25519" }, privateKey, bytes)).toString("base64url") };
 }
 
+/** A fresh Ed25519 key pair (`key`) and its public key as `GET /v1/keys` publishes it (`x`). */
+async function publishedKey() {
+  const { subtle } = globalThis.crypto;
+  const key = await subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
+  return { key, x: Buffer.from(await subtle.exportKey("raw", key.publicKey)).toString("base64url") };
+}
+
 test("a relay signed with a key published since the keys were read is verified after a refetch, at most once a minute", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
   const http = await import("node:http");
-  const { subtle } = globalThis.crypto;
-  const pair = () => subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
-  const [k1, k2] = [await pair(), await pair()];
-  const b64url = (buf) => Buffer.from(buf).toString("base64url");
+  const [k1, k2] = [await publishedKey(), await publishedKey()];
   const published = [["k1", k1]];
   let fetches = 0;
   const server = http.createServer(async (req, res) => {
     fetches++;
-    const keys = await Promise.all(published.map(async ([kid, k]) =>
-      ({ kid, alg: "Ed25519", x: b64url(await subtle.exportKey("raw", k.publicKey)) })));
+    const keys = published.map(([kid, k]) => ({ kid, alg: "Ed25519", x: k.x }));
     res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys }));
   });
   await new Promise((r) => server.listen(0, "127.0.0.1", r));
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
   const reasons = [];
   room.on("relay", (r) => reasons.push(r.reason));
-  const relay = async (kid, key, extra = {}) => {
+  const relay = async (kid, k, extra = {}) => {
     const a = { room: "r", host: "p", session: "s", epoch: 1, seq: 1, lease_ms: 1000, reason: "elected", issued_at: 0, kid };
-    await room._onRelay("peer", { ...extra, ...(await signedRelay(key.privateKey, a)) });
+    await room._onRelay("peer", { ...extra, ...(await signedRelay(k.key.privateKey, a)) });
   };
   // A field nobody signed, nested deeper than JSON.stringify can go: not passed on.
   let deep = {};
@@ -795,9 +798,7 @@ test("a relay signed with a key published since the keys were read is verified a
 test("a peer's relays are checked one at a time: a flood while the keys are read holds only the newest", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
   const http = await import("node:http");
-  const { subtle } = globalThis.crypto;
-  const key = await subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
-  const x = Buffer.from(await subtle.exportKey("raw", key.publicKey)).toString("base64url");
+  const { key, x } = await publishedKey();
   let answer;
   const asked = new Promise((r) => (answer = r));
   const server = http.createServer(async (req, res) => {
@@ -841,9 +842,7 @@ test("a peer's relays are checked one at a time: a flood while the keys are read
 test("a malformed key among the server's keys leaves the others usable; none usable is as no Ed25519", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
   const http = await import("node:http");
-  const { subtle } = globalThis.crypto;
-  const key = await subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
-  const x = Buffer.from(await subtle.exportKey("raw", key.publicKey)).toString("base64url");
+  const { key, x } = await publishedKey();
   // Too short, not a string, not base64, another algorithm: none of these takes k1 with it.
   const broken = [{ kid: "k0", alg: "Ed25519", x: "AAAA" }, { kid: "k2", alg: "Ed25519", x: 5 },
     { kid: "k3", alg: "Ed25519", x: "!!" }, { kid: "k4", alg: "ES256", x }, null];
@@ -876,8 +875,7 @@ test("where WebCrypto has no Ed25519, relays are ignored and one RelayUnsupporte
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
   const http = await import("node:http");
   const { subtle } = globalThis.crypto;
-  const key = await subtle.generateKey({ name: "Ed25519" }, true, ["sign", "verify"]);
-  const x = Buffer.from(await subtle.exportKey("raw", key.publicKey)).toString("base64url");
+  const { key, x } = await publishedKey();
   // The server's keys are there; the browser cannot use them (as Safari before 17 and Chromium
   // before 113 answer importKey for Ed25519).
   const server = http.createServer((req, res) =>
