@@ -303,7 +303,7 @@ async fn command(
     };
     // The participant's command rate, shared with its WebSocket sessions; an expired capability
     // is charged to a bucket of its own (see `App::expired_limiter`).
-    let limiter = if claims.exp > crate::tokens::now_ms() {
+    let limiter = if claims.exp > app.store.clock_ms() {
         &app.command_limiter
     } else {
         &app.expired_limiter

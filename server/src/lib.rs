@@ -1,10 +1,12 @@
 //! hostlease-server: the reference authority. Elections, leases, epoch CAS, capability tokens,
 //! the room log and outbox, fan-out over WebSocket, and the HTTP API.
 //!
-//! Layout: [`tokens`] (keys and token formats), [`store`] (durable state behind a trait, SQLite),
+//! Layout: [`tokens`] (keys and token formats), [`store`] (durable state behind a trait, SQLite;
+//! [`clock`], the clock it times leases on),
 //! [`rooms`] (in-memory hubs, elections, the publisher and sweeper tasks), [`ws`] (the live
 //! session), [`http`] (routes).
 
+pub mod clock;
 pub mod http;
 pub mod limit;
 pub mod rooms;

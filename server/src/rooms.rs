@@ -621,7 +621,7 @@ impl App {
                 None => {
                     let hub = Arc::new(Room::new(
                         room.clone(),
-                        self.genesis(room, crate::tokens::now_ms()),
+                        self.genesis(room, self.store.clock_ms()),
                     ));
                     map.insert(room.clone(), hub.clone());
                     metrics::gauge!("hostlease_rooms").set(map.len() as f64);
@@ -687,7 +687,7 @@ impl App {
             members,
             seq: st.seq,
             lease_remaining_ms: remaining,
-            server_time: ServerTime(crate::tokens::now_ms()),
+            server_time: ServerTime(self.store.clock_ms()),
             actions: self.action_table(),
         }
     }
@@ -1078,7 +1078,7 @@ async fn publisher(app: Arc<App>, mut last: i64) {
             });
             if let Some(at) = newest {
                 // Commit (store clock) to publication, for the newest item of the batch.
-                let lag_ms = crate::tokens::now_ms().saturating_sub(at);
+                let lag_ms = app.store.clock_ms().saturating_sub(at);
                 metrics::gauge!("hostlease_outbox_lag_seconds").set(lag_ms as f64 / 1000.0);
             }
             // The hubs are looked up under the map's lock and published to outside it: encoding

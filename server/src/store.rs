@@ -31,10 +31,12 @@ use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::clock::{StoreClock, SystemClock};
 use crate::tokens::{CapClaims, Keypair};
 
-/// The store clock in SQL: ms since the Unix epoch.
-pub const NOW: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
+/// The store clock in SQL: ms since the Unix epoch ([`crate::clock`]). A function every
+/// connection of a [`SqliteStore`] has; SQLite's `julianday('now')` is the wall clock, which steps.
+pub const NOW: &str = "hl_now()";
 
 /// How long idempotency records are kept (the protocol's, which the SDK's resends stay within).
 pub const IDEMPOTENCY_RETENTION_MS: i64 =
@@ -274,7 +276,10 @@ fn canonical(text: &str, out: &mut String) {
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// The store clock ([`NOW`]), read by the store.
     async fn now_ms(&self) -> StoreResult<u64>;
+    /// The store clock, read here: what capabilities' `exp` and `sat` are on.
+    fn clock_ms(&self) -> u64;
     async fn room(&self, room: &RoomId) -> StoreResult<Option<RoomRow>>;
     async fn grant(&self, req: GrantReq, signer: &Keypair) -> StoreResult<GrantOutcome>;
     /// Renews a live lease by the room's TTL (`lease_ms` unless the room overrides it); `None`
@@ -460,6 +465,8 @@ pub struct SqliteStore {
     pub inbox_retention_ms: i64,
     /// ... and forgets participants not seen for this long ([`PARTICIPANT_RETENTION_MS`]).
     pub participant_retention_ms: i64,
+    /// The clock `hl_now()` reads on this store's connections.
+    clock: Arc<StoreClock>,
     /// Commands and participant sightings queued for the group committer at most
     /// ([`MAX_QUEUED_COMMANDS`]).
     pub max_queued_commands: usize,
@@ -1155,9 +1162,57 @@ async fn connect(pool: SqlitePoolOptions, opts: &SqliteConnectOptions) -> StoreR
     }
 }
 
+/// Gives connection `c` the SQL function `hl_now()` ([`NOW`]): `clock`'s time, read at each call.
+async fn register_now(c: &mut SqliteConnection, clock: Arc<StoreClock>) -> sqlx::Result<()> {
+    use libsqlite3_sys as ffi;
+    unsafe extern "C" fn now(
+        ctx: *mut ffi::sqlite3_context,
+        _: i32,
+        _: *mut *mut ffi::sqlite3_value,
+    ) {
+        // SAFETY: the user data is the `Arc<StoreClock>` given to `sqlite3_create_function_v2`
+        // below, alive until `drop_clock` (SQLite calls it once the function is gone).
+        let clock = unsafe { &*(ffi::sqlite3_user_data(ctx) as *const StoreClock) };
+        unsafe { ffi::sqlite3_result_int64(ctx, clock.now_ms()) };
+    }
+    unsafe extern "C" fn drop_clock(p: *mut std::ffi::c_void) {
+        // SAFETY: `p` came from `Arc::into_raw` below, and SQLite calls this once.
+        drop(unsafe { Arc::from_raw(p as *const StoreClock) });
+    }
+    let mut handle = c.lock_handle().await?;
+    let db = handle.as_raw_handle().as_ptr();
+    // SAFETY: `db` is the connection's handle, locked for this call; SQLite owns the user data
+    // from here and gives it to `drop_clock` (also when the call fails).
+    let rc = unsafe {
+        ffi::sqlite3_create_function_v2(
+            db,
+            c"hl_now".as_ptr(),
+            0,
+            ffi::SQLITE_UTF8,
+            Arc::into_raw(clock) as *mut std::ffi::c_void,
+            Some(now),
+            None,
+            None,
+            Some(drop_clock),
+        )
+    };
+    if rc == ffi::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(sqlx::Error::Protocol(format!(
+            "registering hl_now(): SQLite error {rc}"
+        )))
+    }
+}
+
 impl SqliteStore {
     /// Opens (creating if needed) the database at `url` (`sqlite://path`) and applies migrations.
     pub async fn open(url: &str) -> StoreResult<Self> {
+        Self::open_with_clock(url, StoreClock::new(SystemClock)).await
+    }
+
+    /// [`SqliteStore::open`] on the store clock `clock` (a test's clock source).
+    pub async fn open_with_clock(url: &str, clock: StoreClock) -> StoreResult<Self> {
         let path = url.strip_prefix("sqlite://").unwrap_or(url);
         if let Some(dir) = std::path::Path::new(path).parent() {
             if !dir.as_os_str().is_empty() {
@@ -1170,7 +1225,17 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
-        let writer = connect(SqlitePoolOptions::new().max_connections(1), &opts).await?;
+        let clock = Arc::new(clock);
+        let pool_of = |n: u32| {
+            let clock = clock.clone();
+            SqlitePoolOptions::new()
+                .max_connections(n)
+                .after_connect(move |c, _| {
+                    let clock = clock.clone();
+                    Box::pin(async move { register_now(c, clock).await })
+                })
+        };
+        let writer = connect(pool_of(1), &opts).await?;
         // In one write transaction: sqlx's SQLite migrator takes no lock, so processes started
         // together each read the applied list and all but one failed on `table rooms already
         // exists`. Here the others wait (the busy timeout) and then find them applied; each
@@ -1178,12 +1243,30 @@ impl SqliteStore {
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         // (`run_direct`: `run` on a transaction's connection does not compile in a `Send` future.)
         sqlx::migrate!("./migrations").run_direct(&mut *tx).await?;
+        // The store clock's offset for this boot: the first process's, for every process on the
+        // file (a row of an earlier boot is replaced).
+        if let Some((boot, offset)) = clock.proposal() {
+            sqlx::query("DELETE FROM clock WHERE boot <> ?")
+                .bind(&boot)
+                .execute(&mut *tx)
+                .await?;
+            let kept: i64 = sqlx::query_scalar(
+                "INSERT INTO clock (boot, offset_ns) VALUES (?, ?) \
+                 ON CONFLICT (boot) DO UPDATE SET boot = boot RETURNING offset_ns",
+            )
+            .bind(&boot)
+            .bind(offset)
+            .fetch_one(&mut *tx)
+            .await?;
+            clock.anchor(kept);
+        }
         tx.commit().await?;
-        let pool = connect(SqlitePoolOptions::new().max_connections(4), &opts).await?;
+        let pool = connect(pool_of(4), &opts).await?;
         Ok(Self {
             pool,
             group: GroupCommit::start(writer.clone()),
             writer,
+            clock,
             inbox_retention_ms: INBOX_RETENTION_MS,
             participant_retention_ms: PARTICIPANT_RETENTION_MS,
             max_queued_commands: MAX_QUEUED_COMMANDS,
@@ -1323,6 +1406,10 @@ impl Store for SqliteStore {
     async fn now_ms(&self) -> StoreResult<u64> {
         let mut c = self.pool.acquire().await?;
         store_now(&mut c).await
+    }
+
+    fn clock_ms(&self) -> u64 {
+        self.clock.now_ms().max(0) as u64
     }
 
     async fn room(&self, room: &RoomId) -> StoreResult<Option<RoomRow>> {

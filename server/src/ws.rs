@@ -370,7 +370,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             // leaves it be (read before the hello, a session that joined while a kick was
             // recorded was neither closed nor able to use a capability, until the kick's
             // record was deleted an hour later).
-            let started_ms = crate::tokens::now_ms();
+            let started_ms = app.store.clock_ms();
             let member = Member {
                 id: claims.sub.clone(),
                 session: session.clone(),
@@ -791,7 +791,7 @@ impl Conn {
             role: Role::Participant,
             epoch: None,
             actions: actions.clone(),
-            exp: crate::tokens::now_ms() + ttl,
+            exp: self.app.store.clock_ms() + ttl,
             sat: self.started_ms,
             kid: self.app.keys.kid.clone(),
         };
@@ -1448,7 +1448,7 @@ fn queue_command(
     // Not charged to a host capability (participants cannot shut the host out; the host has its
     // command rate), nor to an expired one (refused by the store, or a replay of its first
     // outcome); given back when the store refuses the command or replays it.
-    let charged = if claims.role == Role::Host || claims.exp <= crate::tokens::now_ms() {
+    let charged = if claims.role == Role::Host || claims.exp <= app.store.clock_ms() {
         0.0
     } else {
         payload.as_str().len() as f64

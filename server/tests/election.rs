@@ -566,3 +566,94 @@ async fn a_successor_who_left_before_the_resignation_committed_is_replaced_at_on
     );
     assert_eq!(after.epoch, Epoch(to_bob.epoch.0 + 1));
 }
+
+/// The system's clocks with the wall clock stepped by `step` ms (NTP, or an operator, setting it).
+#[cfg(target_os = "linux")]
+struct Stepped(std::sync::Arc<std::sync::atomic::AtomicI64>);
+
+#[cfg(target_os = "linux")]
+impl hostlease_server::clock::ClockSource for Stepped {
+    fn wall_ns(&self) -> i64 {
+        let step = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        hostlease_server::clock::SystemClock.wall_ns() + step * 1_000_000
+    }
+    fn boot_ns(&self) -> Option<i64> {
+        hostlease_server::clock::SystemClock.boot_ns()
+    }
+    fn boot_id(&self) -> Option<String> {
+        hostlease_server::clock::SystemClock.boot_id()
+    }
+}
+
+/// A step of the server's wall clock does not end a lease. The store clock was SQLite's
+/// `julianday('now')`, the wall clock: stepped an hour forward, every live lease had run out on
+/// it at once, the next renewal was refused and the sweeper granted a successor, while the old
+/// host's SDK, timing its lease on its own monotonic clock, still held it: two hosts. Leases are
+/// timed on the boot clock now, anchored once per boot, and a store opened on the file afterwards
+/// (another process) reads the same clock.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_step_of_the_wall_clock_does_not_end_a_lease() {
+    use hostlease_server::clock::StoreClock;
+    use hostlease_server::store::{SqliteStore, Store};
+    let step = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("h.db").display());
+    let store = SqliteStore::open_with_clock(&db, StoreClock::new(Stepped(step.clone())))
+        .await
+        .unwrap();
+    let srv = start_on(
+        hostlease_server::Config {
+            lease_ms: 3000,
+            ..test_config()
+        },
+        dir,
+        store,
+    )
+    .await;
+    let room = hostlease::protocol::RoomId::new("step").unwrap();
+    let mut a = srv.raw("step", "alice", true).await;
+    a.until_host().await;
+    let mut b = srv.raw("step", "bob", true).await;
+    b.until_capability().await;
+    let epoch = srv.app.store.room(&room).await.unwrap().unwrap().epoch;
+    let before = srv.app.store.now_ms().await.unwrap();
+    step.store(3_600_000, std::sync::atomic::Ordering::Relaxed);
+    // Two renewals after the step (probes come every TTL/3), each of them over a sweep.
+    let mut renewals = 0;
+    while renewals < 2 {
+        match a.until(|m| Some(m.clone())).await {
+            ServerMsg::LeaseProbe { nonce, .. } => {
+                a.send(&hostlease::protocol::ClientMsg::LeaseEcho { nonce })
+                    .await
+            }
+            ServerMsg::LeaseConfirm { epoch: e, .. } if e == epoch => renewals += 1,
+            ServerMsg::Assignment(s) => panic!("alice's lease ended with the step: {s:?}"),
+            _ => {}
+        }
+    }
+    let row = srv.app.store.room(&room).await.unwrap().unwrap();
+    assert_eq!(row.epoch, epoch, "a successor was granted");
+    assert_eq!(row.host.as_ref().map(|h| h.as_str()), Some("alice"));
+    assert!(
+        b.seen
+            .iter()
+            .all(|m| !matches!(m, ServerMsg::Assignment(s) if s.assignment.epoch != epoch)),
+        "bob was told of another epoch"
+    );
+    // The store clock went on from where it was, not from the stepped wall clock; a store opened
+    // on the file now (another process's) reads the same clock.
+    let after = srv.app.store.now_ms().await.unwrap();
+    assert!(
+        after >= before && after < before + 1_800_000,
+        "{before} then {after}"
+    );
+    let other = SqliteStore::open_with_clock(&db, StoreClock::new(Stepped(step.clone())))
+        .await
+        .unwrap();
+    let theirs = other.now_ms().await.unwrap();
+    assert!(
+        theirs >= after && theirs < before + 1_800_000,
+        "{after} here, {theirs} there"
+    );
+}

@@ -1878,6 +1878,9 @@ impl hostlease_server::store::Store for Slowed {
     async fn now_ms(&self) -> StoreResult<u64> {
         self.store.now_ms().await
     }
+    fn clock_ms(&self) -> u64 {
+        self.store.clock_ms()
+    }
     async fn room(&self, r: &RoomId) -> StoreResult<Option<RoomRow>> {
         self.store.room(r).await
     }

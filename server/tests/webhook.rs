@@ -156,7 +156,8 @@ async fn an_embedded_server_keeps_undelivered_rows_for_its_webhook() {
         assert!(tokio::time::Instant::now() < deadline, "never notified");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let now = hostlease_server::store::NOW;
+    // (`NOW`, the store clock, is a function of the store's own connections.)
+    let now = hostlease_server::store::Store::clock_ms(&*srv.app.store);
     // Every row two hours old, never delivered; and an idempotency record past its retention,
     // whose going says that housekeeping ran.
     sqlx::query(&format!(
