@@ -85,9 +85,16 @@ impl StoreClock {
     /// This boot and the offset (ns) the store should keep for it if it has none yet: `None`
     /// where the store clock is the wall clock.
     pub fn proposal(&self) -> Option<(String, i64)> {
-        let boot = self.source.boot_ns()?;
         let id = self.source.boot_id()?;
+        // The two clocks read back to back (the file read first), so that nothing between them
+        // puts the store clock ahead of the wall clock.
+        let boot = self.source.boot_ns()?;
         Some((id, self.source.wall_ns().saturating_sub(boot)))
+    }
+
+    /// The store clock minus the wall clock, ms: the wall clock's steps since the anchor.
+    pub fn skew_ms(&self) -> i64 {
+        self.now_ms() - self.source.wall_ns().div_euclid(1_000_000)
     }
 
     /// Takes the offset (ns) the store keeps for this boot.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -278,7 +278,8 @@ fn canonical(text: &str, out: &mut String) {
 pub trait Store: Send + Sync + 'static {
     /// The store clock ([`NOW`]), read by the store.
     async fn now_ms(&self) -> StoreResult<u64>;
-    /// The store clock, read here: what capabilities' `exp` and `sat` are on.
+    /// The store clock, read here: the clock of [`NOW`] (its SQL), which capabilities' `exp` and
+    /// `sat` are on.
     fn clock_ms(&self) -> u64;
     async fn room(&self, room: &RoomId) -> StoreResult<Option<RoomRow>>;
     async fn grant(&self, req: GrantReq, signer: &Keypair) -> StoreResult<GrantOutcome>;
@@ -1162,40 +1163,77 @@ async fn connect(pool: SqlitePoolOptions, opts: &SqliteConnectOptions) -> StoreR
     }
 }
 
-/// Gives connection `c` the SQL function `hl_now()` ([`NOW`]): `clock`'s time, read at each call.
+/// The store clock as one connection's statements read it: once as each statement begins.
+struct StatementClock {
+    clock: Arc<StoreClock>,
+    /// The store clock when the connection's current statement began.
+    now: AtomicI64,
+}
+
+impl StatementClock {
+    fn refresh(&self) {
+        // (A clock source that panics keeps the reading before: no unwinding into SQLite.)
+        if let Ok(now) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.clock.now_ms()))
+        {
+            self.now.store(now, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Gives connection `c` the SQL function `hl_now()` ([`NOW`]): `clock`'s time when the statement
+/// began, as SQLite's `julianday('now')` is one value for a whole statement (a statement that
+/// reads it twice, as a grant's fence does, must not see two times).
 async fn register_now(c: &mut SqliteConnection, clock: Arc<StoreClock>) -> sqlx::Result<()> {
     use libsqlite3_sys as ffi;
+    use std::ffi::c_void;
     unsafe extern "C" fn now(
         ctx: *mut ffi::sqlite3_context,
         _: i32,
         _: *mut *mut ffi::sqlite3_value,
     ) {
-        // SAFETY: the user data is the `Arc<StoreClock>` given to `sqlite3_create_function_v2`
+        // SAFETY: the user data is the `StatementClock` given to `sqlite3_create_function_v2`
         // below, alive until `drop_clock` (SQLite calls it once the function is gone).
-        let clock = unsafe { &*(ffi::sqlite3_user_data(ctx) as *const StoreClock) };
-        unsafe { ffi::sqlite3_result_int64(ctx, clock.now_ms()) };
+        let clock = unsafe { &*(ffi::sqlite3_user_data(ctx) as *const StatementClock) };
+        unsafe { ffi::sqlite3_result_int64(ctx, clock.now.load(Ordering::Relaxed)) };
     }
-    unsafe extern "C" fn drop_clock(p: *mut std::ffi::c_void) {
-        // SAFETY: `p` came from `Arc::into_raw` below, and SQLite calls this once.
-        drop(unsafe { Arc::from_raw(p as *const StoreClock) });
+    unsafe extern "C" fn began(_: u32, ctx: *mut c_void, _: *mut c_void, _: *mut c_void) -> i32 {
+        // SAFETY: `ctx` is the function's `StatementClock`: statements run only while the
+        // connection is open, and the function (with it) goes only as the connection closes.
+        unsafe { &*(ctx as *const StatementClock) }.refresh();
+        0
     }
+    unsafe extern "C" fn drop_clock(p: *mut c_void) {
+        // SAFETY: `p` came from `Box::into_raw` below, and SQLite calls this once.
+        drop(unsafe { Box::from_raw(p as *mut StatementClock) });
+    }
+    let state = Box::new(StatementClock {
+        now: AtomicI64::new(clock.now_ms()),
+        clock,
+    });
     let mut handle = c.lock_handle().await?;
     let db = handle.as_raw_handle().as_ptr();
-    // SAFETY: `db` is the connection's handle, locked for this call; SQLite owns the user data
-    // from here and gives it to `drop_clock` (also when the call fails).
-    let rc = unsafe {
+    let state = Box::into_raw(state) as *mut c_void;
+    // SAFETY: `db` is the connection's handle, locked for these calls; SQLite owns `state` from
+    // here and gives it to `drop_clock` (also when the call fails, and then it is not used again).
+    let mut rc = unsafe {
         ffi::sqlite3_create_function_v2(
             db,
             c"hl_now".as_ptr(),
             0,
             ffi::SQLITE_UTF8,
-            Arc::into_raw(clock) as *mut std::ffi::c_void,
+            state,
             Some(now),
             None,
             None,
             Some(drop_clock),
         )
     };
+    if rc == ffi::SQLITE_OK {
+        // SAFETY: as above; `state` lives as long as the function, which outlives every statement.
+        rc =
+            unsafe { ffi::sqlite3_trace_v2(db, ffi::SQLITE_TRACE_STMT as u32, Some(began), state) };
+    }
     if rc == ffi::SQLITE_OK {
         Ok(())
     } else {
@@ -1259,6 +1297,18 @@ impl SqliteStore {
             .fetch_one(&mut *tx)
             .await?;
             clock.anchor(kept);
+            let skew = clock.skew_ms();
+            if skew.abs() > 1000 {
+                tracing::warn!(
+                    skew_ms = skew,
+                    "the store clock, anchored when the machine started, differs from the wall \
+                     clock: it was stepped since (leases are timed on the store clock)"
+                );
+            }
+        } else {
+            tracing::warn!(
+                "no boot clock here: leases are timed on the wall clock, which a step moves"
+            );
         }
         tx.commit().await?;
         let pool = connect(pool_of(4), &opts).await?;

@@ -1216,3 +1216,39 @@ async fn a_late_webhook_failure_does_not_cut_another_process_s_claim_short() {
     b.webhook_result(&theirs[0], false, 0).await.unwrap();
     assert_eq!(a.webhook_due(64, 50).await.unwrap().len(), 1);
 }
+
+/// The store clock is one reading a statement, as SQLite's `julianday('now')` is: a grant reads
+/// its fence twice in one statement (for the new lease and for the fence it leaves), and two
+/// readings a millisecond apart across the fence's end made a lease that ran out before its own
+/// fence (a holder never confirmed). Each statement reads it afresh.
+#[tokio::test]
+async fn the_store_clock_is_one_reading_a_statement() {
+    let (_dir, store) = temp_store().await;
+    let now = hostlease_server::store::NOW;
+    let (readings, first): (i64, i64) = sqlx::query_as(&format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300000) \
+         SELECT COUNT(DISTINCT {now}), MIN({now}) FROM n"
+    ))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        readings, 1,
+        "one statement read the store clock {readings} times"
+    );
+    // Each statement reads it afresh: never going back, and on past the first statement's.
+    let mut last = first;
+    for _ in 0..10_000 {
+        let later: i64 = sqlx::query_scalar(&format!("SELECT {now}"))
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert!(later >= last, "{last} then {later}");
+        last = later;
+        if last > first {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    panic!("every statement read the clock of the first: {first}");
+}
