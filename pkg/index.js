@@ -410,6 +410,9 @@ export class Room {
     const onOpen = () => {
       this._driver.peer(peerId, true);
       this._sendRelay(channel, this.view.signed);
+      // The keys are read now, while the server is likely reachable: relays matter most once it
+      // is not, and a first read then waited out its retries and left them unverifiable.
+      this._loadKeys();
     };
     const onClose = () => this.detachPeer(peerId); // let go of a closed channel
     // The channel's relays are checked one at a time; one that comes meanwhile waits, replaced by
@@ -442,11 +445,8 @@ export class Room {
   }
 
   detachPeer(peerId) {
-    const p = this._peers.get(peerId);
-    if (!p) return;
-    p.listening.abort();
-    this._peers.delete(peerId);
-    this._driver.peer(peerId, false);
+    this._peers.get(peerId)?.listening.abort();
+    if (this._peers.delete(peerId)) this._driver.peer(peerId, false);
   }
 
   /** Reads this participant's durable inbox (see `fetchInbox`) with the room's join token. */
@@ -706,8 +706,8 @@ export class Room {
       this._keys = (async () => {
         // (What fails here is never shown: a relay is then "unsupported", with one warning.)
         const res = await fetchWithRetry(this._keysUrl);
-        if (!res.ok) throw Error();
-        const body = await res.json();
+        // (Not ok: no body, so no key, read.)
+        const body = res.ok && (await res.json());
         const keys = new Map();
         for (const k of body.keys ?? []) {
           // A key that does not import (malformed) leaves the others usable.

@@ -839,6 +839,40 @@ test("a peer's relays are checked one at a time: a flood while the keys are read
   }
 });
 
+test("the keys are read as a peer is attached: its relays verify once the server is unreachable", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const http = await import("node:http");
+  const { key, x } = await publishedKey();
+  let fetches = 0;
+  const server = http.createServer((req, res) => {
+    fetches++;
+    res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys: [{ kid: "k1", alg: "Ed25519", x }] }));
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
+  const heard = [];
+  room.on("relay", (r) => heard.push(r.reason));
+  const channel = Object.assign(new EventTarget(), { readyState: "open", send() {} });
+  try {
+    room.attachPeer("a", channel);
+    for (let i = 0; i < 500 && !fetches; i++) await new Promise((r) => setTimeout(r, 10));
+    assert.equal(fetches, 1, "the keys were not read as the peer was attached");
+    await (room._keys ?? null);
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r)); // unreachable from here on
+    const assignment = await signedRelay(key.privateKey,
+      { room: "r", host: "p", session: "s", epoch: 3, seq: 3, lease_ms: 1000, reason: "elected", issued_at: 0, kid: "k1" });
+    channel.dispatchEvent(new MessageEvent("message", { data: JSON.stringify({ t: "hostlease.relay", assignment }) }));
+    for (let i = 0; i < 500 && !heard.length; i++) await new Promise((r) => setTimeout(r, 10));
+    // Verified (before a first snapshot it is not adopted: "stale"), with no read of the keys.
+    assert.deepEqual(heard, ["stale"]);
+    assert.equal(fetches, 1);
+  } finally {
+    room.close();
+    server.close();
+  }
+});
+
 test("a malformed key among the server's keys leaves the others usable; none usable is as no Ed25519", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
   const http = await import("node:http");
