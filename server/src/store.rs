@@ -1197,10 +1197,22 @@ async fn register_now(c: &mut SqliteConnection, clock: Arc<StoreClock>) -> sqlx:
         let clock = unsafe { &*(ffi::sqlite3_user_data(ctx) as *const StatementClock) };
         unsafe { ffi::sqlite3_result_int64(ctx, clock.now.load(Ordering::Relaxed)) };
     }
-    unsafe extern "C" fn began(_: u32, ctx: *mut c_void, _: *mut c_void, _: *mut c_void) -> i32 {
-        // SAFETY: `ctx` is the function's `StatementClock`: statements run only while the
-        // connection is open, and the function (with it) goes only as the connection closes.
-        unsafe { &*(ctx as *const StatementClock) }.refresh();
+    unsafe extern "C" fn began(
+        _: u32,
+        ctx: *mut c_void,
+        stmt: *mut c_void,
+        sql: *mut c_void,
+    ) -> i32 {
+        // A statement of the connection's own: not a trigger's program or a statement SQLite
+        // runs within another (their text is another string), which read the clock of the
+        // statement they run in. (Before the statement takes its lock: every decision runs in a
+        // `BEGIN IMMEDIATE` transaction, whose lock was taken by its BEGIN.)
+        // SAFETY: `stmt` is the statement beginning; `sqlite3_sql` only reads its text pointer.
+        if unsafe { ffi::sqlite3_sql(stmt.cast()) } == sql.cast_const().cast() {
+            // SAFETY: `ctx` is the function's `StatementClock`: statements run only while the
+            // connection is open, and the function (with it) goes only as the connection closes.
+            unsafe { &*(ctx as *const StatementClock) }.refresh();
+        }
         0
     }
     unsafe extern "C" fn drop_clock(p: *mut c_void) {
@@ -1211,6 +1223,8 @@ async fn register_now(c: &mut SqliteConnection, clock: Arc<StoreClock>) -> sqlx:
         now: AtomicI64::new(clock.now_ms()),
         clock,
     });
+    // Nothing else may register `hl_now` on these connections (the state would be freed under
+    // the trace hook) or set a trace hook (`hl_now()` would stop moving: leases never run out).
     let mut handle = c.lock_handle().await?;
     let db = handle.as_raw_handle().as_ptr();
     let state = Box::into_raw(state) as *mut c_void;
