@@ -5,7 +5,7 @@ use core::fmt;
 /// A point on the local monotonic clock, in milliseconds (e.g. `performance.now()` rounded).
 ///
 /// The core never reads a clock: every input carries the `Instant` at which it happened. This
-/// type cannot be compared with [`crate::protocol::ServerTime`], which is the server's wall clock.
+/// type cannot be compared with [`crate::protocol::ServerTime`], which is the server's store clock.
 ///
 /// It must count the time the machine spent suspended: lease deadlines are anchored on it, and
 /// a clock that stood still through a sleep would keep a lease `Held` past its real end (the
