@@ -479,6 +479,10 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // Frames go out as they are written: with Nagle's algorithm a small frame written while
+        // the one before is unacknowledged (a command's result after its event) waited for the
+        // client's delayed ACK, 40 ms on Linux, on every command of a host sending one at a time.
+        let _ = socket.set_nodelay(true);
         let (held, total, from_address) = limit::Counted::new(&open, http::client_key(remote.ip()));
         if total > app.cfg.max_connections || from_address > app.cfg.max_sockets_per_address {
             // Closed at once (a task and a file handle each otherwise: one address sending a
