@@ -1285,8 +1285,26 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// Reassigns lapsed leases (decided on the store clock), elects in hostless rooms, and closes
 /// here the rooms another process closed.
 async fn sweeper(app: Arc<App>, mut last_kick: i64) {
+    let mut skewed = false;
     loop {
         tokio::time::sleep(Duration::from_millis(app.cfg.sweep_ms.clamp(5, 5000))).await;
+        // The wall clock's steps since the store clock's anchor: leases are timed on the store
+        // clock, and the times the server reports (`issued_at`, `server_time`) differ this much
+        // from the wall clock's. A line when it goes past a second, and when it comes back.
+        let skew = app.store.clock_skew_ms();
+        metrics::gauge!("hostlease_store_clock_skew_seconds").set(skew as f64 / 1000.0);
+        if skewed != (skew.abs() > 1000) {
+            skewed = !skewed;
+            tracing::warn!(
+                skew_ms = skew,
+                "the store clock {} the wall clock (leases are timed on the store clock)",
+                if skewed {
+                    "differs from"
+                } else {
+                    "agrees again with"
+                }
+            );
+        }
         let hubs: Vec<Arc<Room>> = app
             .rooms
             .lock()

@@ -281,6 +281,9 @@ pub trait Store: Send + Sync + 'static {
     /// The store clock, read here: the clock of [`NOW`] (its SQL), which capabilities' `exp` and
     /// `sat` are on.
     fn clock_ms(&self) -> u64;
+    /// The store clock minus the wall clock, ms: the wall clock's steps since the store clock's
+    /// anchor (`hostlease_store_clock_skew_seconds`).
+    fn clock_skew_ms(&self) -> i64;
     async fn room(&self, room: &RoomId) -> StoreResult<Option<RoomRow>>;
     async fn grant(&self, req: GrantReq, signer: &Keypair) -> StoreResult<GrantOutcome>;
     /// Renews a live lease by the room's TTL (`lease_ms` unless the room overrides it); `None`
@@ -1474,6 +1477,10 @@ impl Store for SqliteStore {
 
     fn clock_ms(&self) -> u64 {
         self.clock.now_ms().max(0) as u64
+    }
+
+    fn clock_skew_ms(&self) -> i64 {
+        self.clock.skew_ms()
     }
 
     async fn room(&self, room: &RoomId) -> StoreResult<Option<RoomRow>> {

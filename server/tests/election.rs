@@ -649,6 +649,8 @@ async fn a_step_of_the_wall_clock_does_not_end_a_lease() {
     );
     // The store clock went on from where it was, not from the stepped wall clock; a store opened
     // on the file now (another process's) reads the same clock.
+    let skew = srv.app.store.clock_skew_ms();
+    assert!((-3_601_000..-3_599_000).contains(&skew), "skew {skew} ms");
     let after = srv.app.store.now_ms().await.unwrap();
     assert!(
         after >= before && after < before + 1_800_000,

@@ -1881,6 +1881,9 @@ impl hostlease_server::store::Store for Slowed {
     fn clock_ms(&self) -> u64 {
         self.store.clock_ms()
     }
+    fn clock_skew_ms(&self) -> i64 {
+        self.store.clock_skew_ms()
+    }
     async fn room(&self, r: &RoomId) -> StoreResult<Option<RoomRow>> {
         self.store.room(r).await
     }
