@@ -1313,15 +1313,8 @@ impl SqliteStore {
             .bind(offset)
             .fetch_one(&mut *tx)
             .await?;
+            // (A store clock off the wall clock is told by the sweeper, at its first sweep.)
             clock.anchor(kept);
-            let skew = clock.skew_ms();
-            if skew.abs() > 1000 {
-                tracing::warn!(
-                    skew_ms = skew,
-                    "the store clock, anchored when the machine started, differs from the wall \
-                     clock: it was stepped since (leases are timed on the store clock)"
-                );
-            }
         } else {
             tracing::warn!(
                 "no boot clock here: leases are timed on the wall clock, which a step moves"
