@@ -741,6 +741,14 @@ async function signedRelay(privateKey, a) {
   return { ...a, sig: Buffer.from(await globalThis.crypto.subtle.sign({ name: "Ed25519" }, privateKey, bytes)).toString("base64url") };
 }
 
+/** A server on loopback answering the keys' reads with `handler` (node:http's), and its URL. */
+async function keysServer(handler) {
+  const http = await import("node:http");
+  const server = http.createServer(handler);
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return { server, keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` };
+}
+
 /** A fresh Ed25519 key pair (`key`) and its public key as `GET /v1/keys` publishes it (`x`). */
 async function publishedKey() {
   const { subtle } = globalThis.crypto;
@@ -750,17 +758,15 @@ async function publishedKey() {
 
 test("a relay signed with a key published since the keys were read is verified after a refetch, at most once a minute", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
-  const http = await import("node:http");
   const [k1, k2] = [await publishedKey(), await publishedKey()];
   const published = [["k1", k1]];
   let fetches = 0;
-  const server = http.createServer(async (req, res) => {
+  const { server, keysUrl } = await keysServer(async (req, res) => {
     fetches++;
     const keys = published.map(([kid, k]) => ({ kid, alg: "Ed25519", x: k.x }));
     res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys }));
   });
-  await new Promise((r) => server.listen(0, "127.0.0.1", r));
-  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl });
   const reasons = [];
   room.on("relay", (r) => reasons.push(r.reason));
   const relay = async (kid, k, extra = {}) => {
@@ -797,16 +803,14 @@ test("a relay signed with a key published since the keys were read is verified a
 
 test("a peer's relays are checked one at a time: a flood while the keys are read holds only the newest", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
-  const http = await import("node:http");
   const { key, x } = await publishedKey();
   let answer;
   const asked = new Promise((r) => (answer = r));
-  const server = http.createServer(async (req, res) => {
+  const { server, keysUrl } = await keysServer(async (req, res) => {
     await asked; // held until the relays are in
     res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys: [{ kid: "k1", alg: "Ed25519", x }] }));
   });
-  await new Promise((r) => server.listen(0, "127.0.0.1", r));
-  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl });
   const heard = [];
   room.on("relay", (r) => heard.push(`${r.peer} ${r.epoch} ${r.reason}`));
   const channels = {};
@@ -841,15 +845,13 @@ test("a peer's relays are checked one at a time: a flood while the keys are read
 
 test("the keys are read as a peer is attached: its relays verify once the server is unreachable", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
-  const http = await import("node:http");
   const { key, x } = await publishedKey();
   let fetches = 0;
-  const server = http.createServer((req, res) => {
+  const { server, keysUrl } = await keysServer((req, res) => {
     fetches++;
     res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys: [{ kid: "k1", alg: "Ed25519", x }] }));
   });
-  await new Promise((r) => server.listen(0, "127.0.0.1", r));
-  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl });
   const heard = [];
   room.on("relay", (r) => heard.push(r.reason));
   const channel = Object.assign(new EventTarget(), { readyState: "open", send() {} });
@@ -875,16 +877,13 @@ test("the keys are read as a peer is attached: its relays verify once the server
 
 test("a malformed key among the server's keys leaves the others usable; none usable is as no Ed25519", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
-  const http = await import("node:http");
   const { key, x } = await publishedKey();
   // Too short, not a string, not base64, another algorithm: none of these takes k1 with it.
   const broken = [{ kid: "k0", alg: "Ed25519", x: "AAAA" }, { kid: "k2", alg: "Ed25519", x: 5 },
     { kid: "k3", alg: "Ed25519", x: "!!" }, { kid: "k4", alg: "ES256", x }, null];
   let keys = [...broken, { kid: "k1", alg: "Ed25519", x }];
-  const server = http.createServer((req, res) =>
+  const { server, keysUrl } = await keysServer((req, res) =>
     res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys })));
-  await new Promise((r) => server.listen(0, "127.0.0.1", r));
-  const keysUrl = `http://127.0.0.1:${server.address().port}/v1/keys`;
   const relay = await signedRelay(key.privateKey, { room: "r", host: "p", session: "s", epoch: 7, seq: 7, lease_ms: 1000, reason: "elected", issued_at: 0, kid: "k1" });
   const relays = [];
   const errors = [];
@@ -907,14 +906,12 @@ test("a malformed key among the server's keys leaves the others usable; none usa
 
 test("where WebCrypto has no Ed25519, relays are ignored and one RelayUnsupported warning says so", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
-  const http = await import("node:http");
   const { subtle } = globalThis.crypto;
   const { key, x } = await publishedKey();
   // The server's keys are there; the browser cannot use them (as Safari before 17 and Chromium
   // before 113 answer importKey for Ed25519).
-  const server = http.createServer((req, res) =>
+  const { server, keysUrl } = await keysServer((req, res) =>
     res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ keys: [{ kid: "k1", alg: "Ed25519", x }] })));
-  await new Promise((r) => server.listen(0, "127.0.0.1", r));
   const realImport = subtle.importKey;
   subtle.importKey = function (format, data, alg, ...rest) {
     if ((alg?.name ?? alg) === "Ed25519") return Promise.reject(new DOMException("Unrecognized name.", "NotSupportedError"));
@@ -924,7 +921,7 @@ test("where WebCrypto has no Ed25519, relays are ignored and one RelayUnsupporte
   // the closed room, and this test, for a minute).
   const timers = () => process.getActiveResourcesInfo().filter((r) => r === "Timeout").length;
   const before = timers();
-  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl: `http://127.0.0.1:${server.address().port}/v1/keys` });
+  const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", keysUrl });
   try {
     const errors = [];
     const relays = [];
