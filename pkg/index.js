@@ -117,9 +117,8 @@ function httpBase(url) {
   try {
     u = new URL(url);
   } catch {}
-  const scheme = { "ws:": "http:", "wss:": "https:", "http:": "http:", "https:": "https:" }[u?.protocol];
-  if (!scheme) throw new UsageError(ErrorCode.BadArgument, "`url` must be an absolute ws(s):// or http(s):// URL");
-  u.protocol = scheme;
+  if (!/^(ws|http)s?:$/.test(u?.protocol)) throw new UsageError(ErrorCode.BadArgument, "`url` must be an absolute ws(s):// or http(s):// URL");
+  u.protocol = u.protocol.replace("ws", "http"); // ws: http:, wss: https:
   return u.origin + u.pathname.replace(/(\/v1\/rooms\/[^/]*\/ws)?\/*$/, "");
 }
 
@@ -150,7 +149,7 @@ async function fetchWithRetry(url, init = {}, attempts = 5) {
       // (Without AbortSignal.timeout, before Safari 16 and Chrome 103: no limit.)
       const res = await fetch(url, { ...init, signal: AbortSignal.timeout?.(WAIT_MS) });
       if (res.status !== 429 && res.status !== 503) return res;
-      if (attempt >= attempts) throw new Error(`HTTP ${res.status}`);
+      if (attempt >= attempts) throw Error(`HTTP ${res.status}`);
       const after = Number(res.headers.get("retry-after"));
       if (after > 0) wait = Math.max(wait, Math.min(after, 60) * 1000);
     } catch (e) {

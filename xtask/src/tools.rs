@@ -17,7 +17,7 @@ const NODE_TOOLS: &[&str] = &[
     "typescript@5.9.3",
     "vite@8.4.1",
 ];
-const NODE_BINS: &[&str] = &["wasm-opt", "esbuild", "tsc", "vite"];
+const NODE_BINS: &[&str] = &["wasm-opt", "wasm-dis", "esbuild", "tsc", "vite"];
 
 /// Features the Rust wasm32 target emits by default; wasm-opt must be told.
 pub const WASM_FEATURES: &[&str] = &[
