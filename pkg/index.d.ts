@@ -88,7 +88,7 @@ export interface PendingCommand {
   readonly action: string;
   /**
    * Waiting to be sent: made offline (sent after the resync), or behind an older command of its
-   * kind that waits for its result (commands of a kind go one at a time, in order).
+   * kind that waits to go again or 16 out (commands of a kind go in order, pipelined).
    */
   readonly queued: boolean;
 }

@@ -956,8 +956,8 @@ fn a_vote_unknown_across_a_reconnect_without_a_participant_token_resyncs() {
 
 /// After a resync, commands go in the order they were made: a vote whose resend fell due during
 /// the resync before one made meanwhile (it went after it: a changed vote could land before the
-/// one it changed, and the room kept the first). Across a reconnect too. One at a time: each
-/// once the one before it is decided.
+/// one it changed, and the room kept the first). Across a reconnect too. Each names the one it
+/// was sent behind (`after`), so the server holds it should that one be refused to retry.
 #[test]
 fn commands_go_again_in_the_order_they_were_made() {
     let (mut v, first) = voted();
@@ -973,7 +973,10 @@ fn commands_go_again_in_the_order_they_were_made() {
     );
     let snap = snapshot(assignment(2, 2, Some("a")), vec![member("a", 1)], None);
     let (t, _) = server(&mut v, 10_002, welcome("b", snap.clone(), vec![]));
-    assert_eq!(sent(&t), std::slice::from_ref(&first));
+    assert_eq!(
+        sent_after(&t),
+        [(first.clone(), None), (second.clone(), Some(first.clone()))]
+    );
     v.handle_disconnected(at(10_003));
     let third = v
         .command(at(10_004), action("vote"), js(json!(3)), None)
@@ -983,11 +986,19 @@ fn commands_go_again_in_the_order_they_were_made() {
     v.handle_server(at(10_006), welcome("b", snap, vec![]));
     v.handle_server(at(10_006), participant_cap());
     let (t, _) = drain(&mut v);
-    assert_eq!(sent(&t), std::slice::from_ref(&first));
-    for (decided, next) in [(first, &second), (second.clone(), &third)] {
+    assert_eq!(
+        sent_after(&t),
+        [
+            (first.clone(), None),
+            (second.clone(), Some(first.clone())),
+            (third.clone(), Some(second.clone()))
+        ]
+    );
+    for decided in [first, second, third] {
         let (t, _) = server(&mut v, 10_007, accepted(decided));
-        assert_eq!(sent(&t), std::slice::from_ref(next));
+        assert_eq!(sent(&t), []);
     }
+    assert_eq!(v.pending().count(), 0);
 }
 
 /// `id`'s result: accepted (as seq 2, an item the view has).
@@ -996,6 +1007,17 @@ fn accepted(id: IdempotencyKey) -> ServerMsg {
         id,
         outcome: Outcome::Accepted { seq: Seq(2) },
     }
+}
+
+/// The keys of the commands in `t`, in the order they go, each with the key it names as the
+/// one it was sent behind.
+fn sent_after(t: &[ClientMsg]) -> Vec<(IdempotencyKey, Option<IdempotencyKey>)> {
+    t.iter()
+        .filter_map(|m| match m {
+            ClientMsg::Command { id, after, .. } => Some((id.clone(), after.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The keys of the commands in `t`, in the order they go.
@@ -1045,9 +1067,10 @@ fn a_retry_time_outlasts_a_reconnect() {
     assert_eq!(sent(&drain(&mut v).0), []);
     let due = v.poll_timeout().expect("the retry time");
     v.handle_timeout(due);
-    assert_eq!(sent(&drain(&mut v).0), std::slice::from_ref(&vote));
-    let (t, _) = server(&mut v, due.ms_since(at(0)) + 1, accepted(vote));
-    assert_eq!(sent(&t), [later]);
+    assert_eq!(
+        sent_after(&drain(&mut v).0),
+        [(vote.clone(), None), (later, Some(vote))]
+    );
 }
 
 /// A host command refused with a retry time on every attempt, waiting to go again, certainly
@@ -1100,18 +1123,21 @@ fn a_host_command_refused_on_every_attempt_fails_with_a_definite_error() {
     }
 }
 
-/// A host command held behind another stays held through a resync, whatever else is made
-/// meanwhile, and goes after the welcome. A participant command made during the resync sent the
-/// held ones on the spot, and the host command failed `NotAuthoritative` though made with
-/// authority.
+/// A host command held behind others (`PIPELINE` of its kind out) stays held through a resync,
+/// whatever else is made meanwhile, and goes after the welcome. A participant command made
+/// during the resync sent the held ones on the spot, and the host command failed
+/// `NotAuthoritative` though made with authority.
 #[test]
 fn a_held_host_command_waits_out_a_resync_whatever_is_made_meanwhile() {
     let mut v = live("a", "a", 2);
     confirm_lease(&mut v, 2, 100, 110, 3000);
-    let open = host_command(&mut v, 120).unwrap();
+    let out: Vec<_> = (0..PIPELINE)
+        .map(|_| host_command(&mut v, 120).unwrap())
+        .collect();
+    let open = out[0].clone();
     let close = host_command(&mut v, 121).unwrap();
     let (t, _) = drain(&mut v);
-    assert_eq!(sent(&t), std::slice::from_ref(&open));
+    assert_eq!(sent(&t), out);
     // A gap: the view resyncs; the first command's answer comes meanwhile.
     let (t, _) = server(&mut v, 130, ServerMsg::Event(event(4, 2, "b")));
     assert_eq!(t, vec![ClientMsg::Resume { cursor: Seq(2) }]);
@@ -1139,16 +1165,22 @@ fn a_held_host_command_waits_out_a_resync_whatever_is_made_meanwhile() {
     assert_eq!(sent(&t).first(), Some(&close));
 }
 
-/// A refusal with a retry time does not reorder commands: a command goes once the one of its
-/// kind made before it is decided (before: one made meanwhile went at once, and resends due
-/// together went newest first; a changed vote refused with the one it changed then landed
-/// before it, and the room kept the first, both promises resolved).
+/// A refusal with a retry time does not reorder commands (before: one made meanwhile went at
+/// once, and resends due together went newest first; a changed vote refused with the one it
+/// changed then landed before it, and the room kept the first, both promises resolved).
+/// Commands of a kind are pipelined, each naming the one it went behind (`after`); one refused
+/// behind an older one waiting to go again (the server held it) goes again right behind that
+/// one, and a resign waits for the host commands made before it.
 #[test]
 fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
-    let unavailable = || Outcome::Rejected {
+    let unavailable = |ms| Outcome::Rejected {
         code: RejectCode::Unavailable,
         current: None,
-        retry_after_ms: Some(500),
+        retry_after_ms: Some(ms),
+    };
+    let refused = |id: &IdempotencyKey, ms| ServerMsg::CommandResult {
+        id: id.clone(),
+        outcome: unavailable(ms),
     };
     let mut v = live("b", "a", 2);
     let first = v
@@ -1157,30 +1189,45 @@ fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
     let second = v
         .command(at(20), action("vote"), js(json!(2)), None)
         .unwrap();
-    let (t, ev) = drain(&mut v);
-    assert_eq!(sent(&t), std::slice::from_ref(&first));
-    assert!(
-        ev.contains(&Event::CommandQueued { id: second.clone() }),
-        "{ev:?}"
+    let (t, _) = drain(&mut v);
+    assert_eq!(
+        sent_after(&t),
+        [(first.clone(), None), (second.clone(), Some(first.clone()))]
     );
-    let (t, _) = server(
-        &mut v,
-        21,
-        ServerMsg::CommandResult {
-            id: first.clone(),
-            outcome: unavailable(),
-        },
-    );
+    // The first refused with a retry time, the second held behind it by the server: nothing
+    // goes until the first goes again, then the second right behind it.
+    let (t, _) = server(&mut v, 21, refused(&first, 500));
+    assert_eq!(sent(&t), []);
+    let (t, _) = server(&mut v, 22, refused(&second, 0));
     assert_eq!(sent(&t), [], "the second waits for the first to go again");
     let queued: Vec<_> = v.pending().filter(|c| c.2).map(|c| c.0.clone()).collect();
     assert_eq!(queued, std::slice::from_ref(&second));
+    let third = v
+        .command(at(23), action("vote"), js(json!(3)), None)
+        .unwrap();
+    assert_eq!(
+        sent(&drain(&mut v).0),
+        [],
+        "made behind a refused one: it waits"
+    );
     v.handle_timeout(at(1_000));
     let (t, _) = drain(&mut v);
-    assert_eq!(sent(&t), std::slice::from_ref(&first));
-    let (t, _) = server(&mut v, 1_001, accepted(first));
-    assert_eq!(sent(&t), std::slice::from_ref(&second));
-    // Host commands wait for host commands only, and those made before a resign go before it:
-    // the host stops acting as the resign goes.
+    assert_eq!(
+        sent_after(&t),
+        [
+            (first.clone(), None),
+            (second.clone(), Some(first.clone())),
+            (third.clone(), Some(second.clone()))
+        ]
+    );
+    for id in [first, second, third] {
+        let (t, _) = server(&mut v, 1_001, accepted(id));
+        assert_eq!(sent(&t), []);
+    }
+    assert_eq!(v.pending().count(), 0);
+
+    // Host commands wait for host commands only, and those made before a resign are decided
+    // before it goes: the host stops acting as the resign goes.
     let mut v = live("a", "a", 2);
     let vote = v
         .command(at(20), action("vote"), js(json!(1)), None)
@@ -1191,28 +1238,89 @@ fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
         .unwrap();
     let resign = v.resign(at(20)).unwrap();
     let (t, _) = drain(&mut v);
-    assert_eq!(sent(&t), [vote, open.clone()]);
+    assert_eq!(sent(&t), [vote, open.clone(), close.clone()]);
     assert!(
         matches!(v.lease(), LeaseState::Held { .. }),
         "{:?}",
         v.lease()
     );
-    server(
-        &mut v,
-        21,
-        ServerMsg::CommandResult {
-            id: open.clone(),
-            outcome: unavailable(),
-        },
-    );
+    server(&mut v, 21, refused(&open, 500));
+    server(&mut v, 21, refused(&close, 0));
     v.handle_timeout(at(1_000));
     let (t, _) = drain(&mut v);
-    assert_eq!(sent(&t), std::slice::from_ref(&open));
+    assert_eq!(sent(&t), [open.clone(), close.clone()]);
     let (t, _) = server(&mut v, 1_001, accepted(open));
-    assert_eq!(sent(&t), std::slice::from_ref(&close));
+    assert_eq!(
+        sent(&t),
+        [],
+        "the resign waits for every host command before it"
+    );
     let (t, _) = server(&mut v, 1_002, accepted(close));
     assert_eq!(sent(&t), [resign]);
     assert_eq!(v.lease(), LeaseState::Relinquished);
+}
+
+/// A command held behind one refused with a retry time spends no attempt on it: when the first
+/// runs out of attempts and fails, the second goes on its own (naming nothing) and is applied.
+/// Counted, its attempts ran out with the first's, and it failed `Timeout` though never looked
+/// at by the server.
+#[test]
+fn a_command_held_behind_a_refused_one_spends_no_attempt() {
+    let mut v = live("b", "a", 2);
+    let first = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    let second = v
+        .command(at(20), action("vote"), js(json!(2)), None)
+        .unwrap();
+    let mut now = 20;
+    let mut events = Vec::new();
+    for _ in 0..Config::default().max_attempts {
+        let (t, ev) = drain(&mut v);
+        events.extend(ev);
+        assert_eq!(sent(&t), [first.clone(), second.clone()]);
+        for (id, ms) in [(&first, 100), (&second, 0)] {
+            now += 1;
+            let (_, ev) = server(
+                &mut v,
+                now,
+                ServerMsg::CommandResult {
+                    id: id.clone(),
+                    outcome: Outcome::Rejected {
+                        code: RejectCode::RateLimited,
+                        current: None,
+                        retry_after_ms: Some(ms),
+                    },
+                },
+            );
+            events.extend(ev);
+        }
+        match v.poll_timeout() {
+            Some(due) => {
+                now = due.ms_since(at(0));
+                v.handle_timeout(due);
+            }
+            None => break,
+        }
+    }
+    let (t, ev) = drain(&mut v);
+    events.extend(ev);
+    assert!(
+        events.contains(&Event::CommandFailed {
+            id: first.clone(),
+            error: CommandError::Timeout
+        }),
+        "{events:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::CommandFailed { id, .. } if *id == second)),
+        "{events:?}"
+    );
+    assert_eq!(sent_after(&t), [(second.clone(), None)]);
+    server(&mut v, now + 1, accepted(second));
+    assert_eq!(v.pending().count(), 0);
 }
 
 /// The browser SDK starts without an action table: what an app commands before the first

@@ -126,6 +126,7 @@ fn client_messages() -> Vec<ClientMsg> {
             payload: js(json!({"question": "Lunch?", "options": ["pizza", "soup"]})),
             epoch: Some(Epoch(3)),
             capability: Token::new("cap"),
+            after: None,
         },
         ClientMsg::Command {
             id: IdempotencyKey::new("abd").unwrap(),
@@ -133,6 +134,7 @@ fn client_messages() -> Vec<ClientMsg> {
             payload: js(json!(1)),
             epoch: None,
             capability: Token::new("cap"),
+            after: Some(IdempotencyKey::new("abc").unwrap()),
         },
         ClientMsg::Signal {
             to: pid("b"),
@@ -317,6 +319,7 @@ fn the_largest_payload_fits_a_frame_with_the_longest_everything_else() {
             payload: payload.clone(),
             epoch: Some(Epoch(u64::MAX)),
             capability: Token::new("t".repeat(MAX_TOKEN_LEN)),
+            after: Some(IdempotencyKey::new(longest('k')).unwrap()),
         },
         ClientMsg::Signal {
             to: ParticipantId::new(longest('p')).unwrap(),
@@ -351,6 +354,7 @@ fn the_deepest_payload_fits_every_frame_that_carries_it() {
         payload: payload.clone(),
         epoch: None,
         capability: Token::new("t"),
+        after: None,
     };
     let signal = ClientMsg::Signal {
         to: ParticipantId::new("p").unwrap(),

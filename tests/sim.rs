@@ -629,6 +629,7 @@ impl Model {
                 payload,
                 epoch,
                 capability,
+                ..
             } => self.command(&sid, id, action, payload, epoch, capability, now),
             _ => {}
         }
@@ -1112,6 +1113,7 @@ impl Sim {
                             payload,
                             epoch,
                             capability,
+                            after: None,
                         },
                         m => m,
                     };

@@ -1431,6 +1431,7 @@ async fn commits(dir: &Path) -> Commits {
             next_holder: None,
             refuse: None,
             lease_ms: 600_000,
+            order: None,
         }
         };
         let t = std::time::Instant::now();

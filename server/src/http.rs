@@ -339,6 +339,7 @@ async fn command(
             action: req.action,
             payload: req.payload,
             epoch: req.epoch,
+            order: None,
         },
     )
     .await;

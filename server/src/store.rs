@@ -194,6 +194,83 @@ pub struct CommandReq {
     /// the idempotency key replays an earlier outcome.
     pub refuse: Option<RejectCode>,
     pub lease_ms: u64,
+    /// For a WebSocket command: the order of its connection's commands (`None` over HTTP).
+    pub order: Option<Order>,
+}
+
+/// How a connection's pipelined commands keep their order across refusals: a command sent
+/// `after` one that stands refused with a retry time (or held itself) is held — refused
+/// `unavailable`, retryable, without being looked at ([`held`]) — so that no command is
+/// applied before one its sender made earlier and will send again. A store decides its
+/// connection's commands in the order they were queued (the group committer's order), which is
+/// the order they arrived in.
+#[derive(Debug, Clone)]
+pub struct Order {
+    /// The command of its kind the client sent this one behind, unanswered when it went.
+    pub after: Option<IdempotencyKey>,
+    pub held: Arc<Held>,
+}
+
+/// A connection's commands refused with a retry time or held, and not decided since (a resend
+/// that is decided takes its key out): at most [`Held::MAX`], the oldest forgotten.
+#[derive(Debug, Default)]
+pub struct Held(std::sync::Mutex<std::collections::VecDeque<IdempotencyKey>>);
+
+impl Held {
+    /// Far past what the SDK has pending at once (`command_limit`, 256).
+    pub const MAX: usize = 1024;
+
+    pub fn refused(&self, key: &IdempotencyKey) {
+        let mut keys = self.0.lock().expect("held lock");
+        if !keys.contains(key) {
+            if keys.len() >= Self::MAX {
+                keys.pop_front();
+            }
+            keys.push_back(key.clone());
+        }
+    }
+
+    /// Whether a command sent after `after` is held; `key` is the command's own, which is out
+    /// of the set once decided.
+    fn decide(&self, after: Option<&IdempotencyKey>, key: &IdempotencyKey) -> bool {
+        let mut keys = self.0.lock().expect("held lock");
+        if after.is_some_and(|a| keys.contains(a)) {
+            drop(keys);
+            self.refused(key);
+            return true;
+        }
+        keys.retain(|k| k != key);
+        false
+    }
+}
+
+impl Order {
+    /// A command the store answered with an error or a refusal to retry later: those sent after
+    /// it are held until it is decided again.
+    fn note(order: Option<&(Arc<Held>, IdempotencyKey)>, failed: bool) {
+        if let (Some((held, key)), true) = (order, failed) {
+            held.refused(key);
+        }
+    }
+}
+
+/// The answer to a held command: refused `unavailable`, to be sent again once the one it was
+/// sent after is.
+pub fn held() -> Outcome {
+    Outcome::Rejected {
+        code: RejectCode::Unavailable,
+        current: None,
+        retry_after_ms: Some(0),
+    }
+}
+
+fn retry_later(r: &StoreResult<(CommandDone, bool)>) -> bool {
+    match r {
+        Ok((done, _)) => {
+            matches!(&done.outcome, Outcome::Rejected { code, .. } if code.is_retryable())
+        }
+        Err(_) => true,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -972,7 +1049,12 @@ impl Job {
     fn not_run(self) -> Answer {
         let e = || StoreError("not run".into());
         match self {
-            Job::Command { reply, .. } => answer(reply, Err(e())),
+            Job::Command { reply, req, .. } => {
+                if let Some(o) = &req.order {
+                    o.held.refused(&req.key);
+                }
+                answer(reply, Err(e()))
+            }
             Job::Renew { reply, .. } => answer(reply, Err(e())),
             Job::Remember { reply, .. } => answer(reply, Err(e())),
         }
@@ -1105,9 +1187,34 @@ async fn run_group(
             Job::Command {
                 req, signer, reply, ..
             } => {
-                let r = command_in_tx(&mut tx, &req, &signer).await;
-                let keep = matches!(r, Ok((_, true)));
-                (answer(reply, r.map(|(done, _)| done)), keep)
+                let order = req
+                    .order
+                    .as_ref()
+                    .map(|o| (o.held.clone(), req.key.clone()));
+                if req
+                    .order
+                    .as_ref()
+                    .is_some_and(|o| o.held.decide(o.after.as_ref(), &req.key))
+                {
+                    metrics::counter!("hostlease_commands_held_total").increment(1);
+                    let done = CommandDone {
+                        outcome: held(),
+                        assignment: None,
+                        replayed: false,
+                    };
+                    (answer(reply, Ok(done)), false)
+                } else {
+                    let r = command_in_tx(&mut tx, &req, &signer).await;
+                    Order::note(order.as_ref(), retry_later(&r));
+                    let keep = matches!(r, Ok((_, true)));
+                    let answered = answer(reply, r.map(|(done, _)| done));
+                    // Not committed after all: held behind it are those sent after it.
+                    let answered: Answer = Box::new(move |failed| {
+                        Order::note(order.as_ref(), failed.is_some());
+                        answered(failed)
+                    });
+                    (answered, keep)
+                }
             }
             Job::Renew { renewal, reply } => {
                 let r = renew_in_tx(&mut tx, &renewal).await;
@@ -1550,6 +1657,9 @@ impl Store for SqliteStore {
             .group
             .slot(self.max_queued_commands, "hostlease_store_busy_total")
         else {
+            if let Some(o) = &req.order {
+                o.held.refused(&req.key);
+            }
             return Box::pin(std::future::ready(Err(StoreError(STORE_BUSY.into()))));
         };
         Box::pin(self.group.submit(|reply| Job::Command {
@@ -2040,6 +2150,33 @@ impl Store for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command sent after a held or refused one is held; deciding a command takes its key out;
+    /// the keys kept are bounded (the oldest forgotten).
+    #[test]
+    fn held_commands_hold_those_after_them_and_are_bounded() {
+        let k = |s: &str| IdempotencyKey::new(s).unwrap();
+        let held = Held::default();
+        held.refused(&k("a"));
+        assert!(held.decide(Some(&k("a")), &k("b")), "after a refused one");
+        assert!(held.decide(Some(&k("b")), &k("c")), "after a held one");
+        assert!(!held.decide(None, &k("d")));
+        assert!(!held.decide(Some(&k("d")), &k("e")), "after a decided one");
+        assert!(
+            !held.decide(None, &k("a")),
+            "the refused one, decided again"
+        );
+        assert!(!held.decide(Some(&k("a")), &k("b")));
+        for i in 0..Held::MAX + 1 {
+            held.refused(&k(&format!("r{i}")));
+        }
+        assert!(
+            !held.decide(Some(&k("r0")), &k("x")),
+            "the oldest forgotten"
+        );
+        assert!(held.decide(Some(&k("r1")), &k("y")));
+        assert!(held.0.lock().unwrap().len() <= Held::MAX);
+    }
 
     /// Claiming due deliveries reads the index in order and stops at the limit: no sort of
     /// every due row.

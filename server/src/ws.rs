@@ -31,7 +31,7 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use crate::limit::{Bucket, Counted};
 use crate::rooms::{correlation_id, App, Bcast, Direct, Room};
-use crate::store::{CommandDone, CommandReq, Pending, Renewed};
+use crate::store::{CommandDone, CommandReq, Held, Order, Pending, Renewed};
 use crate::tokens::{CapClaims, JoinClaims, CAP_PREFIX, JOIN_PREFIX};
 
 /// A connection's commands being decided at once at most; past it, the connection's next frame
@@ -422,6 +422,7 @@ async fn serve(app: Arc<App>, room_id: RoomId, mut sink: Sink, stream: &mut Stre
             (app.cfg.msg_burst * FLOOD_FACTOR).max(FLOOD_MIN_BURST),
         ),
         resume_rate: Bucket::new(RESUME_RATE, RESUME_BURST),
+        held: Arc::default(),
     };
     let explicit = conn.live(snapshot, resume, rx, drx, stream).await;
     // Lost: neither side closed (a server close goes after everything sent before it).
@@ -507,6 +508,9 @@ struct Conn {
     flood: Bucket,
     /// Resumes: past it, a resume waits for its turn.
     resume_rate: Bucket,
+    /// Its commands refused with a retry time (or held) and not decided since: those sent after
+    /// them are held (`store::Order`).
+    held: Arc<Held>,
 }
 
 enum Flow {
@@ -1176,6 +1180,7 @@ impl Conn {
                 payload,
                 epoch,
                 capability,
+                after,
             } => {
                 self.answered();
                 let rate = self
@@ -1184,7 +1189,9 @@ impl Conn {
                     .admit((self.room.id.clone(), self.me.clone()));
                 if let Err(ms) = rate {
                     // Over the command rate: refused, retryable, in order with the answers
-                    // before it; the SDK backs off for at least `retry_after_ms`.
+                    // before it; the SDK backs off for at least `retry_after_ms`. Those sent
+                    // after it are held until it is decided (`store::Order`).
+                    self.held.refused(&id);
                     let outcome = rate_limited(ms);
                     commands.push_back(Box::pin(std::future::ready(ServerMsg::CommandResult {
                         id,
@@ -1202,6 +1209,10 @@ impl Conn {
                         action,
                         payload,
                         epoch,
+                        order: Some(Order {
+                            after,
+                            held: self.held.clone(),
+                        }),
                     },
                 );
                 // The result waits for its event to be published here, beside the others in
@@ -1265,6 +1276,8 @@ pub struct Incoming<'a> {
     pub action: Action,
     pub payload: Json,
     pub epoch: Option<Epoch>,
+    /// Its connection's order (WebSocket), `None` over HTTP.
+    pub order: Option<Order>,
 }
 
 /// A command's capability: the token as it came (WebSocket), or its claims, whose signature the
@@ -1422,6 +1435,7 @@ fn queue_command(
         action,
         payload,
         epoch,
+        order,
     } = cmd;
     let claims: CapClaims = match capability {
         Capability::Verified(c) => c,
@@ -1461,6 +1475,9 @@ fn queue_command(
         let who = sender.map_or(&claims.sub, |(p, _)| p);
         app.command_limiter
             .refund((room.id.clone(), who.clone()), 1.0);
+        if let Some(o) = &order {
+            o.held.refused(&key);
+        }
         return Err(Refused::Rate(ms));
     }
     // A transfer to no one present is refused, but only after the store has looked for an
@@ -1504,6 +1521,7 @@ fn queue_command(
         next_holder,
         refuse,
         lease_ms: app.cfg.lease_ms,
+        order,
     };
     Ok((app.store.command(req, &app.keys), old_host, charged))
 }

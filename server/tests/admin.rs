@@ -1567,6 +1567,7 @@ async fn a_transfer_over_http_waits_out_the_lease_it_takes_away() {
                 payload: serde_json::json!({"to": "bob"}).into(),
                 epoch,
                 capability: token,
+                after: None,
             })
             .await;
         }

@@ -61,6 +61,7 @@ async fn cmd(r: &mut Raw, id: &str, action: &str, epoch: Option<Epoch>, token: &
         payload: serde_json::json!({"n": id}).into(),
         epoch,
         capability: token.clone(),
+        after: None,
     })
     .await;
     let want = key(id);
@@ -456,6 +457,7 @@ async fn idempotent_retries_across_ws_and_http() {
         payload: serde_json::json!({"n": "different"}).into(),
         epoch: None,
         capability: p.clone(),
+        after: None,
     })
     .await;
     let o = b
@@ -554,6 +556,7 @@ async fn a_transfer_retried_after_its_target_left_replays_its_outcome() {
         payload: serde_json::json!({"to": "bob"}).into(),
         epoch: Some(g.epoch),
         capability: g.host.clone(),
+        after: None,
     };
     let result = |k: &str| {
         let want = key(k);
@@ -594,6 +597,7 @@ async fn a_transfer_retried_after_its_target_left_replays_its_outcome() {
         payload: serde_json::json!({"to": "bob"}).into(),
         epoch: Some(epoch),
         capability: host,
+        after: None,
     })
     .await;
     assert_eq!(
@@ -634,6 +638,7 @@ async fn a_burst_of_commands_on_one_socket_is_answered_in_order() {
             payload: serde_json::json!({ "n": n }).into(),
             epoch,
             capability: g.host.clone(),
+            after: None,
         })
         .await;
     }
@@ -744,6 +749,7 @@ async fn a_payload_too_deep_or_too_long_is_refused_and_replays_stay_decodable() 
             payload,
             epoch: None,
             capability: p.clone(),
+            after: None,
         })
         .await;
         let want = key(id);
@@ -823,4 +829,69 @@ async fn a_busy_store_s_503_carries_retry_after() {
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["code"], "unavailable", "{body}");
     assert_eq!(body["retry_after_ms"], 500, "{body}");
+}
+
+/// A burst of votes made at once through the SDK's core against the real server, some large
+/// enough to run past the room's payload bytes while small ones behind them still fit: they go
+/// pipelined (`PIPELINE` out at a time), the server refuses a large one to retry later while
+/// those behind it are on the wire and holds those (`after`), and every vote is applied exactly
+/// once, in the order made. (Without the hold, the small ones behind a refused large one were
+/// applied before it.)
+#[tokio::test]
+async fn a_burst_of_votes_past_the_room_s_bytes_is_applied_once_in_the_order_made() {
+    let srv = start(Config {
+        msg_rate: 1000.0,
+        msg_burst: 1000.0,
+        room_bytes_rate: 20_000.0,
+        room_bytes_burst: 40_000.0,
+        ..test_config()
+    })
+    .await;
+    let token = join_token(&srv.app_key, "burst", "bob", false);
+    let mut b = Sdk::join(srv.addr, "burst", token).await;
+    let n = 3 * hostlease::core::PIPELINE;
+    let made: Vec<String> = (0..n).map(|i| format!("v{i}")).collect();
+    for (i, v) in made.iter().enumerate() {
+        // Every fifth 15 kB: the burst takes two, and the third waits for the bytes.
+        let pad = if i % 5 == 4 { 15_000 } else { 10 };
+        let now = b.now();
+        b.view
+            .command(
+                now,
+                Action::new("vote").unwrap(),
+                serde_json::json!({ "v": v, "pad": "x".repeat(pad) }).into(),
+                None,
+            )
+            .unwrap();
+    }
+    b.flush().await;
+    let decided = |s: &Sdk| {
+        s.events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    hostlease::core::Event::CommandAccepted { .. }
+                        | hostlease::core::Event::CommandFailed { .. }
+                )
+            })
+            .count()
+    };
+    b.pump_until("every vote decided", |s| decided(s) == n)
+        .await;
+    let failed: Vec<_> = b
+        .events
+        .iter()
+        .filter(|e| matches!(e, hostlease::core::Event::CommandFailed { .. }))
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let applied: Vec<String> = b
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            hostlease::core::Event::RoomEvent(e) => e.payload.get_str("v"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(applied, made);
 }

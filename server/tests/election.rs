@@ -447,6 +447,7 @@ async fn a_lapsed_session_that_sends_a_command_is_eligible_again() {
         payload: hostlease::protocol::json::Json::null(),
         epoch: None,
         capability: participant,
+        after: None,
     })
     .await;
     deaf.until(|m| matches!(m, ServerMsg::CommandResult { .. }).then_some(()))

@@ -110,6 +110,7 @@ fn host_command(claims: &CapClaims, key: &str, n: u64) -> CommandReq {
         next_holder: None,
         refuse: None,
         lease_ms: LEASE,
+        order: None,
     }
 }
 

@@ -38,6 +38,7 @@ fn vote_frame(p: &Token, id: &str, payload: serde_json::Value) -> ClientMsg {
         payload: payload.into(),
         epoch: None,
         capability: p.clone(),
+        after: None,
     }
 }
 
@@ -1044,6 +1045,93 @@ async fn commands_past_the_rate_are_refused_with_a_retry_time_not_closed() {
     assert!(matches!(again, Outcome::Accepted { .. }), "{again:?}");
 }
 
+/// A command sent after one refused with a retry time is held — refused `unavailable` with a
+/// retry time of 0, not looked at — until that one is decided again, and a held one holds those
+/// sent after it: pipelined commands keep their order across a refusal. One sent after an
+/// accepted command, or after none, is not held.
+#[tokio::test]
+async fn a_command_sent_after_a_refused_one_is_held_until_that_one_goes_again() {
+    let srv = start(hostlease_server::Config {
+        msg_rate: 10.0,
+        msg_burst: 3.0,
+        ..test_config()
+    })
+    .await;
+    let mut b = srv.raw("held", "bob", false).await;
+    let p = ptoken(&mut b).await;
+    let key = |id: &str| IdempotencyKey::new(id).unwrap();
+    let frame = |id: &str, after: Option<&str>| ClientMsg::Command {
+        id: key(id),
+        action: Action::new("vote").unwrap(),
+        payload: serde_json::json!({ "id": id }).into(),
+        epoch: None,
+        capability: p.clone(),
+        after: after.map(key),
+    };
+    // Sends `batch` at once; their outcomes, and the ids of the events seen meanwhile.
+    let mut events = Vec::new();
+    let mut round = async |b: &mut Raw, batch: &[(&str, Option<&str>)]| {
+        for (id, after) in batch {
+            b.send(&frame(id, *after)).await;
+        }
+        let mut outcomes = Vec::new();
+        while outcomes.len() < batch.len() {
+            let m = b
+                .until(|m| match m {
+                    ServerMsg::CommandResult { .. } | ServerMsg::Event(_) => Some(m.clone()),
+                    _ => None,
+                })
+                .await;
+            match m {
+                ServerMsg::CommandResult { id, outcome } => {
+                    outcomes.push((id.as_str().to_string(), outcome))
+                }
+                ServerMsg::Event(e) => events.push(e.payload.get_str("id").unwrap().to_string()),
+                _ => unreachable!(),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(350)).await; // the burst back
+        outcomes
+    };
+    let accepted = |o: &Outcome| matches!(o, Outcome::Accepted { .. });
+    let held = |o: &Outcome| {
+        matches!(
+            o,
+            Outcome::Rejected {
+                code: RejectCode::Unavailable,
+                retry_after_ms: Some(0),
+                current: None,
+            }
+        )
+    };
+    let o = round(
+        &mut b,
+        &[("a", None), ("b", None), ("c", None), ("d", None)],
+    )
+    .await;
+    assert!(o[..3].iter().all(|(_, o)| accepted(o)), "{o:?}");
+    assert!(
+        matches!(
+            o[3].1,
+            Outcome::Rejected {
+                code: RejectCode::RateLimited,
+                ..
+            }
+        ),
+        "{o:?}"
+    );
+    let o = round(
+        &mut b,
+        &[("e", Some("d")), ("f", Some("e")), ("g", Some("b"))],
+    )
+    .await;
+    assert!(held(&o[0].1) && held(&o[1].1), "{o:?}");
+    assert!(accepted(&o[2].1), "{o:?}");
+    let o = round(&mut b, &[("d", None), ("e", Some("d")), ("f", Some("e"))]).await;
+    assert!(o.iter().all(|(_, o)| accepted(o)), "{o:?}");
+    assert_eq!(events, ["a", "b", "c", "g", "d", "e", "f"]);
+}
+
 /// The command rate is the participant's in the room, not each connection's: a second session
 /// of the same join token (16 sessions multiplied it by 16), a session opened after the others
 /// closed, and the HTTP command endpoint get no more commands through, while another participant
@@ -1193,6 +1281,7 @@ async fn a_welcome_telling_the_host_of_its_lease_brings_its_capability() {
         payload: serde_json::json!({}).into(),
         epoch: Some(Epoch(1)),
         capability: token,
+        after: None,
     })
     .await;
     let o = result_of(&mut h, "open-1").await;
@@ -1749,6 +1838,7 @@ async fn a_room_s_payload_bytes_are_bounded_but_never_shut_the_host_out() {
                 payload: big(id).into(),
                 epoch,
                 capability: pc.clone(),
+                after: None,
             })
             .await;
         let o = result_of(&mut carol, id).await;
@@ -1789,6 +1879,7 @@ async fn a_room_s_payload_bytes_are_bounded_but_never_shut_the_host_out() {
             payload: big("open").into(),
             epoch,
             capability: host_cap,
+            after: None,
         })
         .await;
     let o = result_of(&mut alice, "open").await;
@@ -2413,6 +2504,7 @@ async fn host_command_held(
             payload: serde_json::json!({}).into(),
             epoch,
             capability: host_cap,
+            after: None,
         })
         .await;
     (open, alice, bob)

@@ -16,4 +16,5 @@ pub use order::{elect, election_cmp, provisional_coordinator, sort_members};
 pub use time::Instant;
 pub use view::{
     Config, Event, HostView, LeaseState, Phase, Source, Stats, Violation, MAX_RETRY_AFTER_MS,
+    PIPELINE,
 };

@@ -286,6 +286,10 @@ struct Grant {
 /// How many recent probe echoes a confirmation may answer.
 const ECHOES_KEPT: usize = 4;
 
+/// Commands of a kind out at once, at most (each is answered after its event went out: one at a
+/// time, a room's host published one event per round trip).
+pub const PIPELINE: usize = 16;
+
 /// The longest server retry time a command waits out; past it the command fails with the
 /// refusal's code.
 pub const MAX_RETRY_AFTER_MS: u64 = 60_000;
@@ -705,8 +709,9 @@ impl HostView {
                 self.events.push_back(Event::Stalled);
             }
         }
-        // Oldest first (only the oldest of a kind is ever out: `send`); a resend removes at most
-        // its own command (failing it), and the next of its kind then goes (`flush_queued`).
+        // Oldest first (one behind an older one of its kind that waits to go again waits too:
+        // `send`); a resend removes at most its own command (failing it), and those queued
+        // behind it then go (`flush_queued`).
         let mut i = 0;
         let mut resent = false;
         while i < self.commands.len() {
@@ -1266,6 +1271,20 @@ impl HostView {
                 // server's u64::MAX) is the app's to decide: the command fails with the
                 // refusal's code now rather than leaving its promise pending for that long.
                 let retry = code.is_retryable() && retry_after_ms <= Some(MAX_RETRY_AFTER_MS);
+                let kind = self.commands[i].kind;
+                if retry
+                    && self.commands[..i]
+                        .iter()
+                        .any(|o| o.kind == kind && !matches!(o.state, CmdState::InFlight { .. }))
+                {
+                    // Sent behind an older one of its kind now waiting to go again: refused with
+                    // it (held by the server, or refused on its own), so not applied. It goes
+                    // again right behind that one (`flush_queued`), this attempt not counted.
+                    let c = &mut self.commands[i];
+                    c.attempts = c.attempts.saturating_sub(1);
+                    c.state = CmdState::Queued;
+                    return;
+                }
                 if retry && self.commands[i].attempts < self.config.max_attempts {
                     let attempt = self.commands[i].attempts;
                     let delay =
@@ -1505,16 +1524,25 @@ impl HostView {
             }
         }
         // Commands of a kind reach the server in the order they were made (a changed vote must
-        // not land before the vote it changes), one at a time: while an older one of its kind
-        // waits for its result, this one waits (queued) behind it, as anything pipelined after
-        // it would be applied first should it be refused with a retry time and go again. So
-        // only the oldest of a kind is ever sent: those behind it never were (`refuse` gives
-        // them a definite error). `flush_queued` after each result and resend sends the next.
-        if self.commands[..i].iter().any(|o| o.kind == c.kind) {
-            self.commands[i].state = CmdState::Queued;
-            return;
-        }
+        // not land before the vote it changes): while an older one of its kind waits to go
+        // (again), or `PIPELINE` are out, this one waits (queued); `flush_queued` after each
+        // result and resend sends it. Otherwise it goes at once, naming the newest older one
+        // (`after`): while that one stands refused with a retry time, the server holds this
+        // one, so a refusal never lets a later command be applied first. A resign or transfer
+        // waits for every host command made before it to be decided: sent, it ends this
+        // session's acting as host, and one of them refused then could not go again.
         let relinquish = is_relinquish(&c.action);
+        let mut after = None;
+        let mut out = 0;
+        for o in self.commands[..i].iter().filter(|o| o.kind == c.kind) {
+            out += 1;
+            if relinquish || out >= PIPELINE || !matches!(o.state, CmdState::InFlight { .. }) {
+                self.commands[i].state = CmdState::Queued;
+                return;
+            }
+            after = Some(&o.id);
+        }
+        let after = after.cloned();
         let token = match c.kind {
             ActionKind::Host => {
                 if c.epoch != self.epoch() {
@@ -1565,6 +1593,7 @@ impl HostView {
             payload: c.payload.clone(),
             epoch: c.epoch,
             capability: token,
+            after,
         });
         if relinquish {
             // Stop acting as host as it goes (not before: host commands made before it go

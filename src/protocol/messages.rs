@@ -450,6 +450,10 @@ pub enum ClientMsg {
         payload: Json,
         epoch: Option<Epoch>,
         capability: Token,
+        /// The command of its kind this one was sent behind, unanswered when it went: while
+        /// that one stands refused with a retry time on this connection, the server holds this
+        /// one (refused `unavailable`), so a refusal never lets a later command be applied first.
+        after: Option<IdempotencyKey>,
     },
     /// WebRTC signalling for another member of the room.
     Signal {

@@ -1145,6 +1145,7 @@ slots!(CommandSlots {
     payload: Json,
     epoch: Option<Epoch>,
     capability: Token,
+    after: Option<IdempotencyKey>,
 });
 slots!(SignalToSlots {
     to: ParticipantId,
@@ -1189,6 +1190,7 @@ pub(super) fn client_msg(r: &mut Reader<'_>, t: &str) -> Result<Option<ClientMsg
                 payload: s.payload.unwrap_or_default(),
                 epoch: s.epoch.flatten(),
                 capability: need(r, s.capability)?,
+                after: s.after.flatten(),
             }
         }
         "signal" => {
@@ -1231,6 +1233,7 @@ impl ToJson for ClientMsg {
                 payload,
                 epoch,
                 capability,
+                after,
             } => {
                 open_frame(w, "command");
                 w.field("id", id);
@@ -1238,6 +1241,7 @@ impl ToJson for ClientMsg {
                 w.field("payload", payload);
                 maybe(w, "epoch", epoch);
                 w.field("capability", capability);
+                maybe(w, "after", after);
             }
             ClientMsg::Signal {
                 to,

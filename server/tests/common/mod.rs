@@ -227,6 +227,7 @@ impl Raw {
             payload: hostlease::protocol::json::Json::null(),
             epoch,
             capability,
+            after: None,
         })
         .await;
     }
