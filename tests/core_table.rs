@@ -986,16 +986,20 @@ fn commands_go_again_in_the_order_they_were_made() {
     v.handle_server(at(10_006), welcome("b", snap, vec![]));
     v.handle_server(at(10_006), participant_cap());
     let (t, _) = drain(&mut v);
-    assert_eq!(
-        sent_after(&t),
-        [
-            (first.clone(), None),
-            (second.clone(), Some(first.clone())),
-            (third.clone(), Some(second.clone()))
-        ]
-    );
-    for decided in [first, second, third] {
-        let (t, _) = server(&mut v, 10_007, accepted(decided));
+    chained_then_accepted(&mut v, &t, &[first, second, third], 10_007);
+}
+
+/// `t` sends the commands `ids` in that order, each naming the one before it (`after`); each is
+/// then accepted with nothing more sent, and nothing is left pending.
+fn chained_then_accepted(v: &mut HostView, t: &[ClientMsg], ids: &[IdempotencyKey], ms: u64) {
+    let chain: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(k, id)| (id.clone(), k.checked_sub(1).map(|p| ids[p].clone())))
+        .collect();
+    assert_eq!(sent_after(t), chain);
+    for id in ids {
+        let (t, _) = server(v, ms, accepted(id.clone()));
         assert_eq!(sent(&t), []);
     }
     assert_eq!(v.pending().count(), 0);
@@ -1212,19 +1216,7 @@ fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
     );
     v.handle_timeout(at(1_000));
     let (t, _) = drain(&mut v);
-    assert_eq!(
-        sent_after(&t),
-        [
-            (first.clone(), None),
-            (second.clone(), Some(first.clone())),
-            (third.clone(), Some(second.clone()))
-        ]
-    );
-    for id in [first, second, third] {
-        let (t, _) = server(&mut v, 1_001, accepted(id));
-        assert_eq!(sent(&t), []);
-    }
-    assert_eq!(v.pending().count(), 0);
+    chained_then_accepted(&mut v, &t, &[first, second, third], 1_001);
 
     // Host commands wait for host commands only, and those made before a resign are decided
     // before it goes: the host stops acting as the resign goes.
