@@ -199,11 +199,12 @@ pub struct CommandReq {
 }
 
 /// How a connection's pipelined commands keep their order across refusals: a command sent
-/// `after` one that stands refused with a retry time (or held itself) is held — refused
-/// `unavailable`, retryable, without being looked at ([`held`]) — so that no command is
-/// applied before one its sender made earlier and will send again. A store decides its
-/// connection's commands in the order they were queued (the group committer's order), which is
-/// the order they arrived in.
+/// `after` one that stands refused (or held itself) is held — refused `unavailable`, retryable,
+/// without being looked at ([`held`]) — until that one is decided again, so that no command is
+/// applied before one its sender made earlier and will send again. Any refusal counts, not only
+/// those with a retry time: an attempt refused for good (its token expired) may have a resend
+/// already on the wire with a fresh token. A store decides its connection's commands in the
+/// order they were queued (the group committer's order), which is the order they arrived in.
 #[derive(Debug, Clone)]
 pub struct Order {
     /// The command of its kind the client sent this one behind, unanswered when it went.
@@ -211,42 +212,53 @@ pub struct Order {
     pub held: Arc<Held>,
 }
 
-/// A connection's commands refused with a retry time or held, and not decided since (a resend
-/// that is decided takes its key out): at most [`Held::MAX`], the oldest forgotten.
+/// A connection's commands refused or held, and not decided since (a resend that is decided
+/// takes its key out): at most [`Held::MAX`], the oldest forgotten.
 #[derive(Debug, Default)]
-pub struct Held(std::sync::Mutex<std::collections::VecDeque<IdempotencyKey>>);
+pub struct Held(std::sync::Mutex<HeldKeys>);
+
+#[derive(Debug, Default)]
+struct HeldKeys {
+    keys: std::collections::HashSet<IdempotencyKey>,
+    /// The same keys, oldest first.
+    order: std::collections::VecDeque<IdempotencyKey>,
+}
 
 impl Held {
     /// Far past what the SDK has pending at once (`command_limit`, 256).
     pub const MAX: usize = 1024;
 
     pub fn refused(&self, key: &IdempotencyKey) {
-        let mut keys = self.0.lock().expect("held lock");
-        if !keys.contains(key) {
-            if keys.len() >= Self::MAX {
-                keys.pop_front();
+        let mut h = self.0.lock().expect("held lock");
+        if h.keys.insert(key.clone()) {
+            if h.order.len() >= Self::MAX {
+                if let Some(old) = h.order.pop_front() {
+                    h.keys.remove(&old);
+                }
             }
-            keys.push_back(key.clone());
+            h.order.push_back(key.clone());
         }
     }
 
     /// Whether a command sent after `after` is held; `key` is the command's own, which is out
     /// of the set once decided.
     fn decide(&self, after: Option<&IdempotencyKey>, key: &IdempotencyKey) -> bool {
-        let mut keys = self.0.lock().expect("held lock");
-        if after.is_some_and(|a| keys.contains(a)) {
-            drop(keys);
+        let mut h = self.0.lock().expect("held lock");
+        if after.is_some_and(|a| h.keys.contains(a)) {
+            drop(h);
             self.refused(key);
             return true;
         }
-        keys.retain(|k| k != key);
+        if h.keys.remove(key) {
+            h.order.retain(|k| k != key);
+        }
         false
     }
 }
 
 impl Order {
-    /// A command the store answered with an error or a refusal to retry later: those sent after
-    /// it are held until it is decided again.
+    /// A command the store answered with an error or a refusal: those sent after it are held
+    /// until it is decided again.
     fn note(order: Option<&(Arc<Held>, IdempotencyKey)>, failed: bool) {
         if let (Some((held, key)), true) = (order, failed) {
             held.refused(key);
@@ -264,13 +276,17 @@ pub fn held() -> Outcome {
     }
 }
 
-fn retry_later(r: &StoreResult<(CommandDone, bool)>) -> bool {
-    match r {
-        Ok((done, _)) => {
-            matches!(&done.outcome, Outcome::Rejected { code, .. } if code.is_retryable())
-        }
-        Err(_) => true,
-    }
+fn not_accepted(r: &StoreResult<(CommandDone, bool)>) -> bool {
+    !matches!(
+        r,
+        Ok((
+            CommandDone {
+                outcome: Outcome::Accepted { .. },
+                ..
+            },
+            _
+        ))
+    )
 }
 
 #[derive(Debug, Clone)]
@@ -1205,7 +1221,7 @@ async fn run_group(
                     (answer(reply, Ok(done)), false)
                 } else {
                     let r = command_in_tx(&mut tx, &req, &signer).await;
-                    Order::note(order.as_ref(), retry_later(&r));
+                    Order::note(order.as_ref(), not_accepted(&r));
                     let keep = matches!(r, Ok((_, true)));
                     let answered = answer(reply, r.map(|(done, _)| done));
                     // Not committed after all: held behind it are those sent after it.
@@ -2175,7 +2191,8 @@ mod tests {
             "the oldest forgotten"
         );
         assert!(held.decide(Some(&k("r1")), &k("y")));
-        assert!(held.0.lock().unwrap().len() <= Held::MAX);
+        let h = held.0.lock().unwrap();
+        assert!(h.order.len() <= Held::MAX && h.keys.len() == h.order.len());
     }
 
     /// Claiming due deliveries reads the index in order and stops at the limit: no sort of

@@ -1305,7 +1305,16 @@ pub fn command(
     // store checks (it says who hosts to a capability that still works).
     let session = cmd.sender.is_some();
     let current = move |room: &Room| session.then(|| current(room)).flatten();
+    let held = cmd
+        .order
+        .as_ref()
+        .map(|o| (o.held.clone(), cmd.key.clone()));
+    let who = cmd.sender.map(|(p, _)| p.clone());
     let queued = queue_command(app, room, cmd);
+    if let (Err(_), Some((h, key))) = (&queued, &held) {
+        // Refused before the store: those sent after it are held until it is decided again.
+        h.refused(key);
+    }
     let (app, room) = (app.clone(), room.clone());
     let current_room = room.clone();
     let decided = tokio::spawn(async move {
@@ -1319,6 +1328,12 @@ pub fn command(
                 if done.replayed || matches!(done.outcome, Outcome::Rejected { .. }) {
                     // Nothing new for the room to send: its bytes are given back.
                     app.room_bytes.refund(room.id.clone(), charged);
+                }
+                if let (Some(who), true) = (&who, done.outcome == crate::store::held()) {
+                    // Held, not looked at: the command-rate token goes back too (the ones
+                    // behind a refused command would spend its sender's rate at every round).
+                    app.command_limiter
+                        .refund((room.id.clone(), who.clone()), 1.0);
                 }
                 if let Outcome::Rejected {
                     current: Some(cur), ..
@@ -1475,9 +1490,6 @@ fn queue_command(
         let who = sender.map_or(&claims.sub, |(p, _)| p);
         app.command_limiter
             .refund((room.id.clone(), who.clone()), 1.0);
-        if let Some(o) = &order {
-            o.held.refused(&key);
-        }
         return Err(Refused::Rate(ms));
     }
     // A transfer to no one present is refused, but only after the store has looked for an

@@ -1132,6 +1132,75 @@ async fn a_command_sent_after_a_refused_one_is_held_until_that_one_goes_again() 
     assert_eq!(events, ["a", "b", "c", "g", "d", "e", "f"]);
 }
 
+/// A refusal for good holds the commands sent after it too (an attempt refused for good may have
+/// a resend already on the wire, with a fresh token), and a held command gives its command-rate
+/// token back: those behind a refused one do not spend their sender's rate at every round.
+#[tokio::test]
+async fn a_refusal_for_good_holds_those_after_it_and_a_held_command_spends_no_rate() {
+    let srv = start(hostlease_server::Config {
+        msg_rate: 0.01,
+        msg_burst: 4.0,
+        ..test_config()
+    })
+    .await;
+    let mut b = srv.raw("held-good", "bob", false).await;
+    let p = ptoken(&mut b).await;
+    let key = |id: &str| IdempotencyKey::new(id).unwrap();
+    let frame = |id: &str, after: Option<&str>, cap: &Token| ClientMsg::Command {
+        id: key(id),
+        action: Action::new("vote").unwrap(),
+        payload: serde_json::json!({ "id": id }).into(),
+        epoch: None,
+        capability: cap.clone(),
+        after: after.map(key),
+    };
+    let forged = Token::new("v4.public.not-a-capability");
+    b.send(&frame("k", None, &forged)).await;
+    let o = result_of(&mut b, "k").await;
+    assert!(
+        matches!(
+            o,
+            Outcome::Rejected {
+                code: RejectCode::BadCapability,
+                ..
+            }
+        ),
+        "{o:?}"
+    );
+    for (id, after) in [("x1", "k"), ("x2", "x1"), ("x3", "x2")] {
+        b.send(&frame(id, Some(after), &p)).await;
+        let o = result_of(&mut b, id).await;
+        assert_eq!(o, hostlease_server::store::held(), "{id}");
+    }
+    // The same behind a refusal the store decides: a host action with a participant token.
+    b.send(&ClientMsg::Command {
+        id: key("h"),
+        action: Action::new("poll.open").unwrap(),
+        payload: serde_json::json!({}).into(),
+        epoch: None,
+        capability: p.clone(),
+        after: None,
+    })
+    .await;
+    let o = result_of(&mut b, "h").await;
+    assert!(
+        matches!(o, Outcome::Rejected { .. }) && o != hostlease_server::store::held(),
+        "{o:?}"
+    );
+    b.send(&frame("z", Some("h"), &p)).await;
+    assert_eq!(
+        result_of(&mut b, "z").await,
+        hostlease_server::store::held()
+    );
+    // The burst of 4: one spent by the forged command, one by the host action, none by the four
+    // held.
+    for id in ["y1", "y2"] {
+        b.send(&frame(id, None, &p)).await;
+        let o = result_of(&mut b, id).await;
+        assert!(matches!(o, Outcome::Accepted { .. }), "{id}: {o:?}");
+    }
+}
+
 /// The command rate is the participant's in the room, not each connection's: a second session
 /// of the same join token (16 sessions multiplied it by 16), a session opened after the others
 /// closed, and the HTTP command endpoint get no more commands through, while another participant
