@@ -1252,10 +1252,11 @@ fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
     assert_eq!(v.lease(), LeaseState::Relinquished);
 }
 
-/// A command held behind one refused with a retry time spends no attempt on it: when the first
-/// runs out of attempts and fails, the second goes on its own (naming nothing) and is applied.
-/// Counted, its attempts ran out with the first's, and it failed `Timeout` though never looked
-/// at by the server.
+/// A command held behind one refused with a retry time (answered `retry_after_ms: 0`) spends no
+/// attempt on it: when the first runs out of attempts and fails, the second goes on its own
+/// (naming nothing) and is applied. Counted, its attempts ran out with the first's, and it failed
+/// `Timeout` though never looked at by the server. And it goes again right behind the first,
+/// even when that one is out again before the hold is answered.
 #[test]
 fn a_command_held_behind_a_refused_one_spends_no_attempt() {
     let mut v = live("b", "a", 2);
@@ -1313,6 +1314,45 @@ fn a_command_held_behind_a_refused_one_spends_no_attempt() {
     assert_eq!(sent_after(&t), [(second.clone(), None)]);
     server(&mut v, now + 1, accepted(second));
     assert_eq!(v.pending().count(), 0);
+
+    // The first refused at once (at its arrival), and out again before the second's hold is
+    // answered (after the store's commit): the second goes again at once, right behind it.
+    let mut v = live("b", "a", 2);
+    let first = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    let second = v
+        .command(at(20), action("vote"), js(json!(2)), None)
+        .unwrap();
+    drain(&mut v);
+    server(
+        &mut v,
+        21,
+        ServerMsg::CommandResult {
+            id: first.clone(),
+            outcome: Outcome::Rejected {
+                code: RejectCode::RateLimited,
+                current: None,
+                retry_after_ms: Some(1),
+            },
+        },
+    );
+    let due = v.poll_timeout().expect("the first's retry");
+    v.handle_timeout(due);
+    assert_eq!(sent(&drain(&mut v).0), std::slice::from_ref(&first));
+    let (t, _) = server(
+        &mut v,
+        due.ms_since(at(0)) + 1,
+        ServerMsg::CommandResult {
+            id: second.clone(),
+            outcome: Outcome::Rejected {
+                code: RejectCode::Unavailable,
+                current: None,
+                retry_after_ms: Some(0),
+            },
+        },
+    );
+    assert_eq!(sent_after(&t), [(second, Some(first))]);
 }
 
 /// The browser SDK starts without an action table: what an app commands before the first

@@ -1272,14 +1272,11 @@ impl HostView {
                 // refusal's code now rather than leaving its promise pending for that long.
                 let retry = code.is_retryable() && retry_after_ms <= Some(MAX_RETRY_AFTER_MS);
                 let kind = self.commands[i].kind;
-                if retry
-                    && self.commands[..i]
-                        .iter()
-                        .any(|o| o.kind == kind && !matches!(o.state, CmdState::InFlight { .. }))
-                {
-                    // Sent behind an older one of its kind now waiting to go again: refused with
-                    // it (held by the server, or refused on its own), so not applied. It goes
-                    // again right behind that one (`flush_queued`), this attempt not counted.
+                if retry_after_ms == Some(0) && self.commands[..i].iter().any(|o| o.kind == kind) {
+                    // Held by the server behind an older one of its kind (refused, or held in
+                    // turn), so not applied: it goes again right behind that one
+                    // (`flush_queued`: at once if that one is out again, the server deciding
+                    // that one first), this attempt not counted.
                     let c = &mut self.commands[i];
                     c.attempts = c.attempts.saturating_sub(1);
                     c.state = CmdState::Queued;
