@@ -1352,7 +1352,33 @@ fn a_command_held_behind_a_refused_one_spends_no_attempt() {
             },
         },
     );
-    assert_eq!(sent_after(&t), [(second, Some(first))]);
+    assert_eq!(sent_after(&t), [(second.clone(), Some(first.clone()))]);
+    // The first refused again, the second held again: nothing goes until the first does.
+    let now = due.ms_since(at(0)) + 2;
+    for (id, code, ms) in [
+        (&first, RejectCode::RateLimited, 500),
+        (&second, RejectCode::Unavailable, 0),
+    ] {
+        let (t, _) = server(
+            &mut v,
+            now,
+            ServerMsg::CommandResult {
+                id: id.clone(),
+                outcome: Outcome::Rejected {
+                    code,
+                    current: None,
+                    retry_after_ms: Some(ms),
+                },
+            },
+        );
+        assert_eq!(sent(&t), []);
+    }
+    let due = v.poll_timeout().expect("the first's retry");
+    v.handle_timeout(due);
+    assert_eq!(
+        sent_after(&drain(&mut v).0),
+        [(first.clone(), None), (second, Some(first))]
+    );
 }
 
 /// The browser SDK starts without an action table: what an app commands before the first

@@ -1194,6 +1194,25 @@ async fn run_group(
     let mut failed = None;
     let mut jobs = jobs.into_iter();
     for job in jobs.by_ref() {
+        // A held command is answered without a savepoint of its own: nothing of it is looked at.
+        let job = match job {
+            Job::Command { req, reply, .. }
+                if req
+                    .order
+                    .as_ref()
+                    .is_some_and(|o| o.held.decide(o.after.as_ref(), &req.key)) =>
+            {
+                metrics::counter!("hostlease_commands_held_total").increment(1);
+                let done = CommandDone {
+                    outcome: held(),
+                    assignment: None,
+                    replayed: false,
+                };
+                answers.push(answer(reply, Ok(done)));
+                continue;
+            }
+            job => job,
+        };
         if let Err(e) = exec(&mut tx, "SAVEPOINT decision").await {
             answers.push(job.not_run());
             failed = Some(e);
@@ -1207,30 +1226,16 @@ async fn run_group(
                     .order
                     .as_ref()
                     .map(|o| (o.held.clone(), req.key.clone()));
-                if req
-                    .order
-                    .as_ref()
-                    .is_some_and(|o| o.held.decide(o.after.as_ref(), &req.key))
-                {
-                    metrics::counter!("hostlease_commands_held_total").increment(1);
-                    let done = CommandDone {
-                        outcome: held(),
-                        assignment: None,
-                        replayed: false,
-                    };
-                    (answer(reply, Ok(done)), false)
-                } else {
-                    let r = command_in_tx(&mut tx, &req, &signer).await;
-                    Order::note(order.as_ref(), not_accepted(&r));
-                    let keep = matches!(r, Ok((_, true)));
-                    let answered = answer(reply, r.map(|(done, _)| done));
-                    // Not committed after all: held behind it are those sent after it.
-                    let answered: Answer = Box::new(move |failed| {
-                        Order::note(order.as_ref(), failed.is_some());
-                        answered(failed)
-                    });
-                    (answered, keep)
-                }
+                let r = command_in_tx(&mut tx, &req, &signer).await;
+                Order::note(order.as_ref(), not_accepted(&r));
+                let keep = matches!(r, Ok((_, true)));
+                let answered = answer(reply, r.map(|(done, _)| done));
+                // Not committed after all: held behind it are those sent after it.
+                let answered: Answer = Box::new(move |failed| {
+                    Order::note(order.as_ref(), failed.is_some());
+                    answered(failed)
+                });
+                (answered, keep)
             }
             Job::Renew { renewal, reply } => {
                 let r = renew_in_tx(&mut tx, &renewal).await;

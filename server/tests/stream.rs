@@ -1184,7 +1184,13 @@ async fn a_refusal_for_good_holds_those_after_it_and_a_held_command_spends_no_ra
     .await;
     let o = result_of(&mut b, "h").await;
     assert!(
-        matches!(o, Outcome::Rejected { .. }) && o != hostlease_server::store::held(),
+        matches!(
+            o,
+            Outcome::Rejected {
+                code: RejectCode::ActionNotGranted,
+                ..
+            }
+        ),
         "{o:?}"
     );
     b.send(&frame("z", Some("h"), &p)).await;
@@ -1199,6 +1205,19 @@ async fn a_refusal_for_good_holds_those_after_it_and_a_held_command_spends_no_ra
         let o = result_of(&mut b, id).await;
         assert!(matches!(o, Outcome::Accepted { .. }), "{id}: {o:?}");
     }
+    // And no more than they took: the burst is spent.
+    b.send(&frame("y3", None, &p)).await;
+    let o = result_of(&mut b, "y3").await;
+    assert!(
+        matches!(
+            o,
+            Outcome::Rejected {
+                code: RejectCode::RateLimited,
+                ..
+            }
+        ),
+        "{o:?}"
+    );
 }
 
 /// The command rate is the participant's in the room, not each connection's: a second session
