@@ -1005,6 +1005,19 @@ fn chained_then_accepted(v: &mut HostView, t: &[ClientMsg], ids: &[IdempotencyKe
     assert_eq!(v.pending().count(), 0);
 }
 
+/// A participant's view, live, with two votes made at once (both sent, the second after the
+/// first).
+fn two_votes() -> (HostView, IdempotencyKey, IdempotencyKey) {
+    let mut v = live("b", "a", 2);
+    let first = v
+        .command(at(20), action("vote"), js(json!(1)), None)
+        .unwrap();
+    let second = v
+        .command(at(20), action("vote"), js(json!(2)), None)
+        .unwrap();
+    (v, first, second)
+}
+
 /// `id`'s result: accepted (as seq 2, an item the view has).
 fn accepted(id: IdempotencyKey) -> ServerMsg {
     ServerMsg::CommandResult {
@@ -1186,13 +1199,7 @@ fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
         id: id.clone(),
         outcome: unavailable(ms),
     };
-    let mut v = live("b", "a", 2);
-    let first = v
-        .command(at(20), action("vote"), js(json!(1)), None)
-        .unwrap();
-    let second = v
-        .command(at(20), action("vote"), js(json!(2)), None)
-        .unwrap();
+    let (mut v, first, second) = two_votes();
     let (t, _) = drain(&mut v);
     assert_eq!(
         sent_after(&t),
@@ -1259,13 +1266,7 @@ fn a_command_refused_with_a_retry_time_keeps_its_place_in_the_order() {
 /// even when that one is out again before the hold is answered.
 #[test]
 fn a_command_held_behind_a_refused_one_spends_no_attempt() {
-    let mut v = live("b", "a", 2);
-    let first = v
-        .command(at(20), action("vote"), js(json!(1)), None)
-        .unwrap();
-    let second = v
-        .command(at(20), action("vote"), js(json!(2)), None)
-        .unwrap();
+    let (mut v, first, second) = two_votes();
     let mut now = 20;
     let mut events = Vec::new();
     for _ in 0..Config::default().max_attempts {
@@ -1317,13 +1318,7 @@ fn a_command_held_behind_a_refused_one_spends_no_attempt() {
 
     // The first refused at once (at its arrival), and out again before the second's hold is
     // answered (after the store's commit): the second goes again at once, right behind it.
-    let mut v = live("b", "a", 2);
-    let first = v
-        .command(at(20), action("vote"), js(json!(1)), None)
-        .unwrap();
-    let second = v
-        .command(at(20), action("vote"), js(json!(2)), None)
-        .unwrap();
+    let (mut v, first, second) = two_votes();
     drain(&mut v);
     server(
         &mut v,
