@@ -55,6 +55,15 @@ async fn post_vote(srv: &TestServer, room: &str, cap: &str, key: &str) -> reqwes
 }
 
 /// Reads until the result of command `id`.
+/// The vote `{"id": id}` under key `id`, sent after the command `after` names.
+fn vote_after(p: &Token, id: &str, after: Option<&str>) -> ClientMsg {
+    let mut m = vote_frame(p, id, serde_json::json!({ "id": id }));
+    if let ClientMsg::Command { after: a, .. } = &mut m {
+        *a = after.map(|a| IdempotencyKey::new(a).unwrap());
+    }
+    m
+}
+
 /// The code of a refusal, `None` for an accepted command.
 fn refusal(o: &Outcome) -> Option<RejectCode> {
     match o {
@@ -1067,15 +1076,7 @@ async fn a_command_sent_after_a_refused_one_is_held_until_that_one_goes_again() 
     .await;
     let mut b = srv.raw("held", "bob", false).await;
     let p = ptoken(&mut b).await;
-    let key = |id: &str| IdempotencyKey::new(id).unwrap();
-    let frame = |id: &str, after: Option<&str>| ClientMsg::Command {
-        id: key(id),
-        action: Action::new("vote").unwrap(),
-        payload: serde_json::json!({ "id": id }).into(),
-        epoch: None,
-        capability: p.clone(),
-        after: after.map(key),
-    };
+    let frame = |id: &str, after: Option<&str>| vote_after(&p, id, after);
     // Sends `batch` at once; their outcomes, and the ids of the events seen meanwhile.
     let mut events = Vec::new();
     let mut round = async |b: &mut Raw, batch: &[(&str, Option<&str>)]| {
@@ -1145,14 +1146,7 @@ async fn a_refusal_for_good_holds_those_after_it_and_a_held_command_spends_no_ra
     let mut b = srv.raw("held-good", "bob", false).await;
     let p = ptoken(&mut b).await;
     let key = |id: &str| IdempotencyKey::new(id).unwrap();
-    let frame = |id: &str, after: Option<&str>, cap: &Token| ClientMsg::Command {
-        id: key(id),
-        action: Action::new("vote").unwrap(),
-        payload: serde_json::json!({ "id": id }).into(),
-        epoch: None,
-        capability: cap.clone(),
-        after: after.map(key),
-    };
+    let frame = |id: &str, after: Option<&str>, cap: &Token| vote_after(cap, id, after);
     let forged = Token::new("v4.public.not-a-capability");
     b.send(&frame("k", None, &forged)).await;
     let o = result_of(&mut b, "k").await;
