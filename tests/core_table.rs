@@ -1710,6 +1710,38 @@ fn a_host_command_sent_is_decided_by_its_result_not_by_the_next_epoch() {
     assert!(ev.contains(&stale(&key)), "{ev:?}");
 }
 
+/// A host command held behind one refused `stale_epoch` (the server holds what was sent after a
+/// refusal) was never looked at: it fails `StaleEpoch` at once. It failed `Interrupted` (outcome
+/// unknown) when sent again into the new epoch after the refusal's resync.
+#[test]
+fn a_host_command_held_behind_a_stale_one_fails_stale_epoch() {
+    let mut v = live("a", "a", 2);
+    confirm_lease(&mut v, 2, 100, 110, 3000);
+    let first = host_command(&mut v, 120).unwrap();
+    let second = host_command(&mut v, 120).unwrap();
+    assert_eq!(sent(&drain(&mut v).0), [first.clone(), second.clone()]);
+    let outcome = Outcome::Rejected {
+        code: RejectCode::StaleEpoch,
+        current: Some(assignment(3, 3, Some("b")).into()),
+        retry_after_ms: None,
+    };
+    let mut ev = result(&mut v, 130, &first, outcome);
+    let held = Outcome::Rejected {
+        code: RejectCode::Unavailable,
+        current: None,
+        retry_after_ms: Some(0),
+    };
+    ev.extend(result(&mut v, 131, &second, held));
+    for id in [first, second] {
+        let failed = Event::CommandFailed {
+            id,
+            error: CommandError::StaleEpoch,
+        };
+        assert!(ev.contains(&failed), "{ev:?}");
+    }
+    assert_eq!(v.pending().count(), 0);
+}
+
 #[test]
 fn a_stale_epoch_rejection_adopts_the_current_assignment_and_resyncs() {
     let mut v = live("a", "a", 2);

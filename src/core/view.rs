@@ -1272,6 +1272,14 @@ impl HostView {
                 // refusal's code now rather than leaving its promise pending for that long.
                 let retry = code.is_retryable() && retry_after_ms <= Some(MAX_RETRY_AFTER_MS);
                 let kind = self.commands[i].kind;
+                if retry_after_ms == Some(0)
+                    && kind == ActionKind::Host
+                    && self.commands[i].epoch != self.epoch()
+                {
+                    // Held (not looked at) behind one refused for an epoch that is over.
+                    self.fail_at(i, CommandError::StaleEpoch);
+                    return;
+                }
                 if retry_after_ms == Some(0) && self.commands[..i].iter().any(|o| o.kind == kind) {
                     // Held by the server behind an older one of its kind (refused, or held in
                     // turn), so not applied: it goes again right behind that one
