@@ -257,12 +257,26 @@ impl Held {
 }
 
 impl Order {
-    /// A command the store answered with an error or a refusal: those sent after it are held
-    /// until it is decided again.
-    fn note(order: Option<&(Arc<Held>, IdempotencyKey)>, failed: bool) {
-        if let (Some((held, key)), true) = (order, failed) {
-            held.refused(key);
-        }
+    /// The command with `key` in its connection's held set.
+    pub fn of(&self, key: &IdempotencyKey) -> HeldKey {
+        HeldKey(self.held.clone(), key.clone())
+    }
+}
+
+/// A command's key in its connection's [`Held`].
+#[derive(Debug, Clone)]
+pub struct HeldKey(Arc<Held>, IdempotencyKey);
+
+impl HeldKey {
+    /// It was refused (or not decided): those sent after it are held until it is decided again.
+    pub fn refused(&self) {
+        self.0.refused(&self.1);
+    }
+}
+
+impl CommandReq {
+    fn held_key(&self) -> Option<HeldKey> {
+        self.order.as_ref().map(|o| o.of(&self.key))
     }
 }
 
@@ -1066,9 +1080,7 @@ impl Job {
         let e = || StoreError("not run".into());
         match self {
             Job::Command { reply, req, .. } => {
-                if let Some(o) = &req.order {
-                    o.held.refused(&req.key);
-                }
+                req.held_key().inspect(HeldKey::refused);
                 answer(reply, Err(e()))
             }
             Job::Renew { reply, .. } => answer(reply, Err(e())),
@@ -1222,17 +1234,18 @@ async fn run_group(
             Job::Command {
                 req, signer, reply, ..
             } => {
-                let order = req
-                    .order
-                    .as_ref()
-                    .map(|o| (o.held.clone(), req.key.clone()));
+                let held = req.held_key();
                 let r = command_in_tx(&mut tx, &req, &signer).await;
-                Order::note(order.as_ref(), not_accepted(&r));
+                if let (Some(h), true) = (&held, not_accepted(&r)) {
+                    h.refused();
+                }
                 let keep = matches!(r, Ok((_, true)));
                 let answered = answer(reply, r.map(|(done, _)| done));
                 // Not committed after all: held behind it are those sent after it.
                 let answered: Answer = Box::new(move |failed| {
-                    Order::note(order.as_ref(), failed.is_some());
+                    if let (Some(h), true) = (&held, failed.is_some()) {
+                        h.refused();
+                    }
                     answered(failed)
                 });
                 (answered, keep)
@@ -1678,9 +1691,7 @@ impl Store for SqliteStore {
             .group
             .slot(self.max_queued_commands, "hostlease_store_busy_total")
         else {
-            if let Some(o) = &req.order {
-                o.held.refused(&req.key);
-            }
+            req.held_key().inspect(HeldKey::refused);
             return Box::pin(std::future::ready(Err(StoreError(STORE_BUSY.into()))));
         };
         Box::pin(self.group.submit(|reply| Job::Command {

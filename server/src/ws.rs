@@ -1305,15 +1305,12 @@ pub fn command(
     // store checks (it says who hosts to a capability that still works).
     let session = cmd.sender.is_some();
     let current = move |room: &Room| session.then(|| current(room)).flatten();
-    let held = cmd
-        .order
-        .as_ref()
-        .map(|o| (o.held.clone(), cmd.key.clone()));
+    let held = cmd.order.as_ref().map(|o| o.of(&cmd.key));
     let who = cmd.sender.map(|(p, _)| p.clone());
     let queued = queue_command(app, room, cmd);
-    if let (Err(_), Some((h, key))) = (&queued, &held) {
+    if let (Err(_), Some(h)) = (&queued, &held) {
         // Refused before the store: those sent after it are held until it is decided again.
-        h.refused(key);
+        h.refused();
     }
     let (app, room) = (app.clone(), room.clone());
     let current_room = room.clone();
