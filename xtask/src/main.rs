@@ -399,8 +399,8 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
         dropped.join(", ")
     );
     std::fs::write(&wasm, trimmed).map_err(|e| format!("write {}: {e}", wasm.display()))?;
-    // wasm-opt (npm binaryen) over the bundle in place, with `passes`.
-    let wasm_opt_from = |input: &Path, passes: &[&str]| {
+    // wasm-opt (npm binaryen) from `input` into `out`, with `passes`.
+    let wasm_opt_into = |input: &Path, out: &Path, passes: &[&str]| {
         let mut c = Command::new(tools::node_bin(root, "wasm-opt"));
         c.args(passes)
             .args([
@@ -411,10 +411,11 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
             .args(tools::WASM_FEATURES)
             .arg(input)
             .arg("-o")
-            .arg(&wasm);
+            .arg(out);
         c
     };
-    let wasm_opt = |passes: &[&str]| wasm_opt_from(&wasm, passes);
+    // The same over the bundle in place.
+    let wasm_opt = |passes: &[&str]| wasm_opt_into(&wasm, &wasm, passes);
     run(
         "wasm-opt -Oz (npm binaryen)",
         &mut wasm_opt(&["-Oz", "--converge"]),
@@ -440,7 +441,8 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
         if zeroed.digits { "zeroed" } else { "kept: something reads it" }
     );
     // The functions reordered, each next to the one most like it (xtask/src/order.rs), in
-    // binaryen's text, which the last stage reads.
+    // binaryen's text, which the last stage reads: once for each run length likeness can be
+    // measured on, keeping the module that brotli makes smallest.
     let wat = root.join("target/hostlease_bg.wat");
     run(
         "wasm-dis (the module as text)",
@@ -450,18 +452,55 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
             .arg(&wat),
     )?;
     let text = std::fs::read_to_string(&wat).map_err(|e| format!("read {}: {e}", wat.display()))?;
-    let text = order::by_likeness(&text)?;
-    std::fs::write(&wat, text).map_err(|e| format!("write {}: {e}", wat.display()))?;
-    eprintln!("\n==> functions reordered, each next to the one most like it (xtask/src/order.rs)");
-    // Flattened and re-reloop'd, then -Oz and -Os to convergence: 200 to 280 bytes less brotli
-    // than -Oz alone (measured on this core; -Os after -Oz inlines and folds differently).
-    run(
-        "wasm-opt again (the zeroed text packed away; --flatten --rereloop -Oz -Os --converge)",
-        &mut wasm_opt_from(
-            &wat,
+    // The candidates' last stages run side by side (each is mostly one thread).
+    eprintln!(
+        "\n==> wasm-opt again, once for each order (the zeroed text packed away; --flatten \
+         --rereloop -Oz -Os --converge)"
+    );
+    let mut built = Vec::new();
+    let mut stages = Vec::new();
+    for &length in order::RUNS {
+        let reordered = root.join(format!("target/hostlease_bg.runs{length}.wat"));
+        let out = root.join(format!("target/hostlease_bg.runs{length}.wasm"));
+        std::fs::write(&reordered, order::by_likeness(&text, length)?)
+            .map_err(|e| format!("write {}: {e}", reordered.display()))?;
+        // Flattened and re-reloop'd, then -Oz and -Os to convergence: 200 to 280 bytes less
+        // brotli than -Oz alone (measured on this core; -Os after -Oz inlines and folds
+        // differently).
+        let stage = wasm_opt_into(
+            &reordered,
+            &out,
             &["--flatten", "--rereloop", "-Oz", "-Os", "--converge"],
-        ),
-    )?;
+        )
+        .spawn()
+        .map_err(|e| format!("wasm-opt: cannot start: {e}"))?;
+        stages.push((length, stage));
+        built.push(out);
+    }
+    for (length, mut stage) in stages {
+        let status = stage.wait().map_err(|e| format!("wasm-opt: {e}"))?;
+        if !status.success() {
+            return Err(format!(
+                "wasm-opt, the order of runs of {length} bytes: failed ({status})"
+            ));
+        }
+    }
+    let sizes = sizes::compressed(root, &built)?;
+    let (best, _) = sizes
+        .iter()
+        .enumerate()
+        .min_by_key(|&(k, s)| (s[2], k))
+        .ok_or("no module built")?;
+    std::fs::copy(&built[best], &wasm).map_err(|e| format!("copy to {}: {e}", wasm.display()))?;
+    let tried: Vec<String> = (order::RUNS.iter().zip(&sizes))
+        .map(|(length, s)| format!("{length}: {}", s[2]))
+        .collect();
+    eprintln!(
+        "\n==> functions ordered by likeness over runs of {} bytes (xtask/src/order.rs; brotli \
+         bytes by run length: {})",
+        order::RUNS[best],
+        tried.join(", ")
+    );
     // The licence texts go into the package (npm packs `LICENSE*` at its root); one copy of
     // each stays in git, at the repository's root.
     for f in ["LICENSE-MIT", "LICENSE-APACHE"] {

@@ -9,20 +9,26 @@
 //! 29,968), and 221 less raw. Brotli rewards it unevenly: runs of 8, 10, 16 and 24 bytes gave
 //! 397, 364, 428 and 233 less there, and counting each function's trailing newline in its text
 //! 240 less. On the code after a change the best run length moves by tens of bytes either way
-//! (stop 40: 16 gave 36,478 B for the package where 12 gave 36,523): it is measured again with
-//! the code, like the order of an enum's variants.
+//! (stop 40: 16 gave 36,478 B for the package where 12 gave 36,523), and where a function sits
+//! also sets its index, whose LEB128 in every call is one byte below 128 and two above (so the
+//! last stage's raw output moves by up to 350 bytes between orders). So the build makes the
+//! module once for each of [`RUNS`] and keeps the smallest brotli (stop 41: 30,099, 30,072,
+//! 30,104, 30,009 and 30,054 bytes for runs of 12 to 16; the same text gives the same choice).
+//! Tried and worse there: the functions most called first, with the 1-byte indices (raw −413,
+//! brotli +180 and more), from the longest function (+200 to +300), sorted by their text (+176).
 //!
 //! It works on binaryen's text (`wasm-dis`), whose module prints one field per top-level line
 //! (` (func ...`, ` (data ...`, ...), each running to the next such line; the last wasm-opt stage
 //! reads the reordered text. The same text in the same order gives the same `.wasm` (checked:
 //! byte for byte).
 
-/// Likeness is measured on runs of this many bytes of a function's text.
-const SHINGLE: usize = 16;
+/// The run lengths likeness is measured on, a module for each; the build keeps the smallest.
+pub const RUNS: &[usize] = &[12, 13, 14, 15, 16];
 
-/// `wat` (binaryen's text of a module) with its functions reordered by [`by_likeness`], or an
-/// error if its functions are not one run of top-level fields.
-pub fn by_likeness(wat: &str) -> Result<String, String> {
+/// `wat` (binaryen's text of a module) with its functions reordered by [`by_likeness`] with
+/// likeness measured on runs of `run` bytes, or an error if its functions are not one run of
+/// top-level fields.
+pub fn by_likeness(wat: &str, run: usize) -> Result<String, String> {
     // Top-level fields: each starts at a line ` (` (or the module's closing `)`).
     let mut fields: Vec<&str> = Vec::new();
     let mut start = 0;
@@ -45,7 +51,7 @@ pub fn by_likeness(wat: &str) -> Result<String, String> {
         return Err("the module's functions are not one run of fields".into());
     }
     let funcs = &fields[first..first + count];
-    let shingles: Vec<Vec<u64>> = funcs.iter().map(|f| shingles(f.trim_end())).collect();
+    let shingles: Vec<Vec<u64>> = funcs.iter().map(|f| shingles(f.trim_end(), run)).collect();
     let order = greedy(&shingles, funcs);
     let mut out = String::with_capacity(wat.len());
     fields[..first].iter().for_each(|f| out.push_str(f));
@@ -56,8 +62,8 @@ pub fn by_likeness(wat: &str) -> Result<String, String> {
 
 /// A function's text without its names (`$` and the name's characters become `$`: the same code
 /// reads alike whatever its function, local and label indices) and with each run of whitespace
-/// one space; its runs of [`SHINGLE`] bytes, hashed, sorted, once each.
-fn shingles(func: &str) -> Vec<u64> {
+/// one space; its runs of `run` bytes, hashed, sorted, once each.
+fn shingles(func: &str, run: usize) -> Vec<u64> {
     let mut text = Vec::with_capacity(func.len());
     let mut bytes = func.bytes().peekable();
     while let Some(b) = bytes.next() {
@@ -74,7 +80,7 @@ fn shingles(func: &str) -> Vec<u64> {
         text.push(b);
     }
     let mut set: Vec<u64> = text
-        .windows(SHINGLE)
+        .windows(run)
         // FNV-1a: the same hashes on every machine and toolchain, so the same order.
         .map(|w| {
             w.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
@@ -149,7 +155,7 @@ mod tests {
 
     #[test]
     fn moves_whole_functions_and_nothing_else() {
-        let out = by_likeness(WAT).unwrap();
+        let out = by_likeness(WAT, 16).unwrap();
         assert_eq!(out.len(), WAT.len());
         // From the shortest ($2), then the most alike each time: $1 and $3 side by side.
         assert_eq!(funcs(&out), ["$2", "$0", "$1", "$3"]);
@@ -165,7 +171,7 @@ mod tests {
     #[test]
     fn refuses_functions_split_by_another_field() {
         let split = WAT.replace(" (func $2", " (global $g i32 (i32.const 0))\n (func $2");
-        assert!(by_likeness(&split).is_err());
-        assert!(by_likeness("(module\n)\n").is_err());
+        assert!(by_likeness(&split, 16).is_err());
+        assert!(by_likeness("(module\n)\n", 16).is_err());
     }
 }

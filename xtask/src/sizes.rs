@@ -1,6 +1,6 @@
 //! Sizes of the built package (raw, gzip -9, brotli q11) and the size budget.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::output;
@@ -46,6 +46,33 @@ pub fn measure(root: &Path) -> Result<Sizes, String> {
         .map_err(|e| format!("esbuild --minify {f}: {e}"))?;
         measured.push(out);
     }
+    let files = compressed(root, &measured)?
+        .into_iter()
+        .zip(FILES)
+        .map(|([raw, gz, br], f)| {
+            let name = if f.ends_with(".js") {
+                format!("{f} (minified)")
+            } else {
+                (*f).to_owned()
+            };
+            (name, raw, gz, br)
+        })
+        .collect();
+    Ok(Sizes { files })
+}
+
+pub fn print(s: &Sizes) {
+    eprintln!("\n| file | raw | gzip | brotli |\n|---|---:|---:|---:|");
+    for (f, raw, gz, br) in &s.files {
+        eprintln!("| {f} | {raw} | {gz} | {br} |");
+    }
+    let t = |i: usize| -> u64 { s.files.iter().map(|f| [f.1, f.2, f.3][i]).sum() };
+    eprintln!("| **total** | {} | {} | {} |", t(0), t(1), t(2));
+}
+
+/// `[raw, gzip, brotli]` bytes of each of `files`, in order: Node's zlib, gzip -9 and brotli
+/// quality 11.
+pub fn compressed(root: &Path, files: &[PathBuf]) -> Result<Vec<[u64; 3]>, String> {
     let script = r#"
 const fs = require("fs"), z = require("zlib");
 for (const f of process.argv.slice(1)) {
@@ -59,35 +86,19 @@ for (const f of process.argv.slice(1)) {
             .current_dir(root)
             .arg("-e")
             .arg(script)
-            .args(&measured),
+            .args(files),
     )?;
-    let files = text
+    let sizes: Vec<[u64; 3]> = text
         .lines()
-        .zip(FILES)
-        .filter_map(|(l, f)| {
-            let mut it = l.split('\t');
-            let mut n = || it.next()?.parse::<u64>().ok();
-            let name = if f.ends_with(".js") {
-                format!("{f} (minified)")
-            } else {
-                (*f).to_owned()
-            };
-            Some((name, n()?, n()?, n()?))
+        .filter_map(|l| {
+            let mut it = l.split('\t').map(|n| n.parse::<u64>().ok());
+            Some([it.next()??, it.next()??, it.next()??])
         })
-        .collect::<Vec<_>>();
-    if files.len() != FILES.len() {
-        return Err(format!("could not measure the package: {text}"));
+        .collect();
+    if sizes.len() != files.len() {
+        return Err(format!("could not measure {} files: {text}", files.len()));
     }
-    Ok(Sizes { files })
-}
-
-pub fn print(s: &Sizes) {
-    eprintln!("\n| file | raw | gzip | brotli |\n|---|---:|---:|---:|");
-    for (f, raw, gz, br) in &s.files {
-        eprintln!("| {f} | {raw} | {gz} | {br} |");
-    }
-    let t = |i: usize| -> u64 { s.files.iter().map(|f| [f.1, f.2, f.3][i]).sum() };
-    eprintln!("| **total** | {} | {} | {} |", t(0), t(1), t(2));
+    Ok(sizes)
 }
 
 /// Fails when the package grew past the budget in `pkg/size-budget.json`.
