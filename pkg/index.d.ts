@@ -171,6 +171,10 @@ interface ConnectOptionsBase {
   room: string;
   /** Where the server's public keys are (default: `<server>/v1/keys`). */
   keysUrl?: string | undefined;
+  /** Closes the room when it aborts (as `room.close()`). Aborted before `connect()` resolves,
+   * `connect()` rejects with a `ConnectionError` (`Closed`, the signal's `reason` as `cause`)
+   * and dials nothing, once a `getToken()` call under way has answered. */
+  signal?: AbortSignal | undefined;
 }
 
 /** `token` or `getToken`, one of the two (given both, `getToken` is used). */

@@ -268,6 +268,9 @@ const isEvent = (m) =>
  * `room`, and either `token` (a join token) or `getToken()` returning a token, `{ token,
  * expiresAt }` or a promise of either; `keysUrl` (defaults to the server's `/v1/keys`).
  * Resolves once the first connection attempt has started; watch `connection` events for `live`.
+ * `signal` (an `AbortSignal`) closes the room when it aborts; before `connect()` has resolved,
+ * it then rejects with a `ConnectionError` (`Closed`, the signal's reason as its `cause`) once a
+ * `getToken()` under way has answered.
  */
 export async function connect(options) {
   requireInit();
@@ -279,13 +282,13 @@ export async function connect(options) {
   }
   // (The URL is checked by the Room, as it is made: a BadArgument too.)
   const room = new Room(options);
+  const { signal } = options;
+  const abort = () => room.close();
+  signal?.aborted ? abort() : signal?.addEventListener?.("abort", abort);
   // The first token is the app's answer to "may I join?": no token, no room.
   let refused;
-  if ((await room._refreshToken((e) => (refused = e))) === null) {
-    room.close();
-    throw refused;
-  }
-  const failed = await room._dial();
+  const failed = (await room._refreshToken((e) => (refused = e))) === null ? refused : await room._dial();
+  if (signal?.aborted) throw new ConnectionError(ErrorCode.Closed, "connect() aborted", { cause: signal.reason });
   if (failed) {
     room.close();
     throw failed;

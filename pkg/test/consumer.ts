@@ -18,6 +18,9 @@ export async function main(channel: RTCDataChannel): Promise<number | null> {
   // Options passed on as they came (a `token` that may be undefined, beside `getToken`).
   const passed: string | undefined = undefined;
   await connect({ url: "wss://example.test", room: "lunch", token: passed, getToken: () => "t" });
+  // Closed when the component that made it goes (React's effect cleanup calls `abort()`).
+  const unmounted = new AbortController();
+  await connect({ url: "wss://example.test", room: "lunch", token: "t", signal: unmounted.signal });
   room.attachPeer("peer-1", channel);
   const view: HostView = room.view;
   const missed: InboxPage = await fetchInbox({ url: "wss://example.test", room: "lunch", token: "t", since: 0 });

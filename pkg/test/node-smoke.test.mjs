@@ -93,6 +93,38 @@ test("connect refuses what it cannot use, and a room refuses what JSON cannot ho
   }
 });
 
+test("connect() with an AbortSignal: aborted before it resolves, it rejects Closed and dials nothing; after, the room closes", async () => {
+  await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
+  const url = "ws://127.0.0.1:9";
+  const reason = new Error("unmounted");
+  const aborted = (e) => e instanceof hl.ConnectionError && e.code === "Closed" && e.cause === reason;
+  // Aborted already.
+  NeverOpens.instance = null;
+  await assert.rejects(hl.connect({ url, room: "r", token: "t", signal: AbortSignal.abort(reason) }), aborted);
+  assert.equal(NeverOpens.instance, null, "no socket for an aborted connect()");
+  // Aborted while getToken() is under way: rejected once it answers, and nothing dialled.
+  const ac = new AbortController();
+  let answer, asked;
+  const asking = new Promise((resolve) => (asked = resolve));
+  const getToken = () => new Promise((ok) => { answer = ok; asked(); });
+  const connecting = hl.connect({ url, room: "r", getToken, signal: ac.signal });
+  await asking;
+  ac.abort(reason);
+  answer("t");
+  await assert.rejects(connecting, aborted);
+  assert.equal(NeverOpens.instance, null, "no socket once aborted");
+  // Aborted after it resolved: the room closes, as room.close() would.
+  const later = new AbortController();
+  const room = await hl.connect({ url, room: "r", token: "t", signal: later.signal });
+  assert.ok(NeverOpens.instance, "dialled");
+  const phases = [];
+  room.on("connection", ({ phase }) => phases.push(phase));
+  later.abort();
+  assert.deepEqual(phases, ["closed"]);
+  assert.equal(room.view.phase, "closed");
+  await assert.rejects(room.command("vote", 1), (e) => e instanceof hl.CommandError && e.code === "Closed");
+});
+
 test("signal() sends to a participant id only: not to one made of undefined or a number", async () => {
   await hl.init(await readFile(new URL("../wasm/hostlease_bg.wasm", import.meta.url)));
   const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
