@@ -172,8 +172,9 @@ interface ConnectOptionsBase {
   /** Where the server's public keys are (default: `<server>/v1/keys`). */
   keysUrl?: string | undefined;
   /** Closes the room when it aborts (as `room.close()`). Aborted before `connect()` resolves,
-   * `connect()` rejects with a `ConnectionError` (`Closed`, the signal's `reason` as `cause`)
-   * and dials nothing, once a `getToken()` call under way has answered. */
+   * `connect()` rejects with a `ConnectionError` (`Closed`, the signal's `reason` as `cause`):
+   * at once if it was aborted already (no token asked for), else once a `getToken()` call under
+   * way has answered, dialling nothing. The room is not kept alive by the signal. */
   signal?: AbortSignal | undefined;
 }
 
@@ -271,8 +272,8 @@ export declare class Room {
 
 /** Resolves once the first connection attempt has started (watch `connection` for `live`; a
  * server that cannot be reached is retried with backoff). Rejects with `NotInitialized` (before
- * `init()`), `BadArgument` (bad options, URL or room name), `TokenUnavailable` (no first token)
- * or `Unavailable` (the browser refused to create the WebSocket). */
+ * `init()`), `BadArgument` (bad options, URL or room name), `TokenUnavailable` (no first token),
+ * `Unavailable` (the browser refused to create the WebSocket) or `Closed` (`signal` aborted). */
 export declare function connect(options: ConnectOptions): Promise<Room>;
 
 /** One stream item: an assignment (signed by the server) or a room event. */

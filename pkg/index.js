@@ -281,13 +281,13 @@ export async function connect(options) {
       `connect() needs { url, room } (room: ${ID}) and a token or getToken`);
   }
   // (The URL is checked by the Room, as it is made: a BadArgument too.)
-  const room = new Room(options);
   const { signal } = options;
-  const abort = () => room.close();
-  signal?.aborted ? abort() : signal?.addEventListener?.("abort", abort);
-  // The first token is the app's answer to "may I join?": no token, no room.
-  let refused;
-  const failed = (await room._refreshToken((e) => (refused = e))) === null ? refused : await room._dial();
+  let room, failed, refused;
+  if (!signal?.aborted) {
+    room = new Room(options); // (closed by the signal, if it aborts)
+    // The first token is the app's answer to "may I join?": no token, no room.
+    failed = (await room._refreshToken((e) => (refused = e))) === null ? refused : await room._dial();
+  }
   if (signal?.aborted) throw new ConnectionError(ErrorCode.Closed, "connect() aborted", { cause: signal.reason });
   if (failed) {
     room.close();
@@ -320,6 +320,8 @@ export class Room {
     // a closed room the app lets go of is collected (the driver with it).
     const to = { room: this };
     this._release = () => (to.room = null);
+    // So does the signal, which may outlive it (an app-wide one): it holds `to` alone.
+    options.signal?.addEventListener?.("abort", () => to.room?.close());
     // It reads the token, a `#` member: through a Proxy of the room (Vue's `ref()`) it would
     // throw, so it runs on the room itself.
     this.inbox = this.inbox.bind(this);
@@ -332,7 +334,7 @@ export class Room {
    * The same object until something in it changes (React's `useSyncExternalStore` needs that). */
   get view() {
     const json = this._driver.view();
-    return json === this._json ? this._view : (this._view = JSON.parse((this._json = json)));
+    return json && json !== this._json ? (this._view = JSON.parse((this._json = json))) : this._view;
   }
 
   /** Subscribes to `host`, `provisional`, `members`, `event`, `discontinuity`, `connection`,

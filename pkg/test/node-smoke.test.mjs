@@ -98,9 +98,11 @@ test("connect() with an AbortSignal: aborted before it resolves, it rejects Clos
   const url = "ws://127.0.0.1:9";
   const reason = new Error("unmounted");
   const aborted = (e) => e instanceof hl.ConnectionError && e.code === "Closed" && e.cause === reason;
-  // Aborted already.
+  // Aborted already: no token asked for, no socket.
   NeverOpens.instance = null;
-  await assert.rejects(hl.connect({ url, room: "r", token: "t", signal: AbortSignal.abort(reason) }), aborted);
+  let tokens = 0;
+  await assert.rejects(hl.connect({ url, room: "r", getToken: () => (tokens++, "t"), signal: AbortSignal.abort(reason) }), aborted);
+  assert.equal(tokens, 0, "getToken() asked for an aborted connect()");
   assert.equal(NeverOpens.instance, null, "no socket for an aborted connect()");
   // Aborted while getToken() is under way: rejected once it answers, and nothing dialled.
   const ac = new AbortController();
@@ -562,8 +564,10 @@ test("room.view is the same object until something in it changes", async () => {
 test("a closed room the app lets go of is garbage-collected", { skip: !globalThis.gc && "needs node --expose-gc" }, async () => {
   let collected = false;
   const registry = new FinalizationRegistry(() => (collected = true));
+  // Its signal, an app-wide one, lives on: it must not hold the room.
+  const appWide = new AbortController();
   await (async () => {
-    const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t" });
+    const room = await hl.connect({ url: "ws://127.0.0.1:9", room: "r", token: "t", signal: appWide.signal });
     room.on("host", () => {});
     registry.register(room, "room");
     room.close();
@@ -573,6 +577,7 @@ test("a closed room the app lets go of is garbage-collected", { skip: !globalThi
     await new Promise((r) => setTimeout(r, 20));
   }
   assert.ok(collected, "the closed room is still reachable");
+  appWide.abort(); // (after the room was collected: nothing to close)
 });
 
 test("errors carry stable codes and names", () => {

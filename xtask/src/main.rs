@@ -457,34 +457,59 @@ fn build(root: &Path) -> Result<sizes::Sizes, String> {
         "\n==> wasm-opt again, once for each order (the zeroed text packed away; --flatten \
          --rereloop -Oz -Os --converge)"
     );
+    // Every text is written before any stage starts, and every stage started is waited for,
+    // whatever fails: none outlives the build, writing into files a rerun reads.
     let mut built = Vec::new();
-    let mut stages = Vec::new();
     for &length in order::RUNS {
         let reordered = root.join(format!("target/hostlease_bg.runs{length}.wat"));
-        let out = root.join(format!("target/hostlease_bg.runs{length}.wasm"));
         std::fs::write(&reordered, order::by_likeness(&text, length)?)
             .map_err(|e| format!("write {}: {e}", reordered.display()))?;
+        built.push((
+            length,
+            reordered,
+            root.join(format!("target/hostlease_bg.runs{length}.wasm")),
+        ));
+    }
+    let mut stages = Vec::new();
+    let mut failed = None;
+    for (length, reordered, out) in &built {
         // Flattened and re-reloop'd, then -Oz and -Os to convergence: 200 to 280 bytes less
         // brotli than -Oz alone (measured on this core; -Os after -Oz inlines and folds
         // differently).
-        let stage = wasm_opt_into(
-            &reordered,
-            &out,
+        match wasm_opt_into(
+            reordered,
+            out,
             &["--flatten", "--rereloop", "-Oz", "-Os", "--converge"],
         )
         .spawn()
-        .map_err(|e| format!("wasm-opt: cannot start: {e}"))?;
-        stages.push((length, stage));
-        built.push(out);
-    }
-    for (length, mut stage) in stages {
-        let status = stage.wait().map_err(|e| format!("wasm-opt: {e}"))?;
-        if !status.success() {
-            return Err(format!(
-                "wasm-opt, the order of runs of {length} bytes: failed ({status})"
-            ));
+        {
+            Ok(stage) => stages.push((length, stage)),
+            Err(e) => {
+                failed = Some(format!("wasm-opt: cannot start: {e}"));
+                break;
+            }
         }
     }
+    for (length, mut stage) in stages {
+        if failed.is_some() {
+            let _ = stage.kill();
+        }
+        match stage.wait() {
+            Ok(status) if status.success() => {}
+            Ok(status) => {
+                failed.get_or_insert(format!(
+                    "wasm-opt, the order of runs of {length} bytes: failed ({status})"
+                ));
+            }
+            Err(e) => {
+                failed.get_or_insert(format!("wasm-opt: {e}"));
+            }
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let built: Vec<PathBuf> = built.into_iter().map(|(_, _, out)| out).collect();
     let sizes = sizes::compressed(root, &built)?;
     let (best, _) = sizes
         .iter()
