@@ -333,6 +333,7 @@ export class Room {
   /** The current host view: host, epoch, amHost, lease, phase, provisional, members, pending.
    * The same object until something in it changes (React's `useSyncExternalStore` needs that). */
   get view() {
+    // ("" when nothing in it can have changed since the last reading: not written again.)
     const json = this._driver.view();
     return json && json !== this._json ? (this._view = JSON.parse((this._json = json))) : this._view;
   }

@@ -476,7 +476,7 @@ impl HostView {
     pub fn pending(&self) -> impl Iterator<Item = (&IdempotencyKey, &Action, bool)> {
         self.commands
             .iter()
-            .map(|c| (&c.id, &c.action, c.state == CmdState::Queued))
+            .map(|c| (&c.id, &c.action, matches!(c.state, CmdState::Queued)))
     }
     pub fn buffered(&self) -> usize {
         self.buffer.len()
@@ -588,7 +588,7 @@ impl HostView {
         self.host_grant = None;
         self.participant_grant = None;
         self.session = None;
-        if self.lease != LeaseState::NotHost {
+        if !matches!(self.lease, LeaseState::NotHost) {
             self.set_lease(LeaseState::Unknown);
         }
         // Commands sent and not decided: unknown. A host command fails `Interrupted` now: after
@@ -770,7 +770,7 @@ impl HostView {
             ServerMsg::Assignment(a) => self.handle_item(now, Item::Assignment(a)),
             ServerMsg::Event(e) => self.handle_item(now, Item::Event(e)),
             ServerMsg::LeaseProbe { nonce, .. } => {
-                if self.lease == LeaseState::Relinquished {
+                if matches!(self.lease, LeaseState::Relinquished) {
                     // Giving the role up: let the lease lapse even if the resign is lost.
                     return;
                 }
@@ -987,7 +987,7 @@ impl HostView {
             self.actions = snapshot.actions;
         }
         self.events.push_back(Event::MembersChanged);
-        let lease = if self.is_named_host() && self.lease == LeaseState::Relinquished {
+        let lease = if self.is_named_host() && matches!(self.lease, LeaseState::Relinquished) {
             LeaseState::Relinquished // a resign or transfer is on its way; never take it back
         } else if self.is_named_host() {
             match snapshot.lease_remaining_ms {
@@ -1308,7 +1308,7 @@ impl HostView {
                 };
                 let c = &self.commands[i];
                 if is_relinquish(&c.action)
-                    && self.lease == LeaseState::Relinquished
+                    && matches!(self.lease, LeaseState::Relinquished)
                     && c.epoch == self.epoch()
                 {
                     // The server refused the resign, so it certainly did not happen: still the
@@ -1352,7 +1352,7 @@ impl HostView {
         if self.phase == Phase::Closed {
             return Err(CommandError::Closed);
         }
-        let kind = if action.as_str() == ACTION_RESIGN || action.as_str() == ACTION_TRANSFER {
+        let kind = if is_relinquish(&action) {
             ActionKind::Host
         } else {
             match self.actions.kind(&action) {
@@ -1413,7 +1413,7 @@ impl HostView {
             if self
                 .commands
                 .get(i)
-                .is_some_and(|c| c.state == CmdState::Queued)
+                .is_some_and(|c| matches!(c.state, CmdState::Queued))
             {
                 // Behind an older command of its kind waiting for its result.
                 self.events
@@ -1634,7 +1634,10 @@ impl HostView {
     fn needs_participant_grant(&self) -> bool {
         self.phase == Phase::Live
             && !self.can_send_participant()
-            && self.commands.iter().any(|c| c.state == CmdState::Queued)
+            && self
+                .commands
+                .iter()
+                .any(|c| matches!(c.state, CmdState::Queued))
     }
 
     /// Sends every queued command, oldest first, when live (a host command held through a
@@ -1649,7 +1652,7 @@ impl HostView {
         let mut i = 0;
         while i < self.commands.len() {
             let before = self.commands.len();
-            if self.commands[i].state == CmdState::Queued {
+            if matches!(self.commands[i].state, CmdState::Queued) {
                 self.send(now, i);
             }
             if self.commands.len() == before {
@@ -1665,7 +1668,7 @@ impl HostView {
     /// intention; the room's event stream says whether it took effect).
     fn revalidate_unknown(&mut self, now: Instant) {
         for c in &mut self.commands {
-            if c.state == CmdState::Unknown {
+            if matches!(c.state, CmdState::Unknown) {
                 c.state = CmdState::Queued;
             }
         }
