@@ -612,6 +612,7 @@ impl State {
             "visibilitychange",
         ] {
             let target: web_sys::EventTarget = if name == "visibilitychange" {
+                // (Last in the list: `continue` here measured 17 bytes more brotli.)
                 let Some(doc) = &doc else { break };
                 doc.clone().into()
             } else {
@@ -1258,6 +1259,46 @@ mod tests {
             seen.borrow()
         );
         assert_eq!(view()["lease"], "unknown");
+        d.close();
+    }
+
+    /// Between inputs, `view()` writes the view again when time alone changes what it reads: a
+    /// sleep seen (the lease `unknown`, authority or none) and a host token run out (`amHost`
+    /// false, the lease still held); otherwise it returns `""`.
+    #[wasm_bindgen_test]
+    fn the_view_is_written_again_when_time_alone_changes_it() {
+        let welcome = r#"{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{"room":"r","current":{"room":"r","host":"me","session":"me-s","epoch":1,"seq":1,"lease_ms":60000,"reason":"elected","issued_at":0},"members":[],"seq":1,"server_time":0,"lease_remaining_ms":60000,"actions":{"host":["poll.open"],"participant":["vote"]}}}"#;
+        let read = |d: &Driver| -> Option<(bool, String)> {
+            let view: serde_json::Value = serde_json::from_str(&d.view()).ok()?;
+            Some((
+                view["amHost"].as_bool().unwrap(),
+                view["lease"].as_str().unwrap().to_owned(),
+            ))
+        };
+        // Named host, no host token yet: a sleep changes the lease alone.
+        let d = driver("ws://127.0.0.1:9/ws", noop(), 11);
+        d.simulate_connected();
+        d.handle_frame(welcome);
+        assert_eq!(read(&d), Some((false, "held".into())));
+        assert_eq!(read(&d), None, "written again with nothing changed");
+        d.inner.borrow_mut().clock.last_wall -= 5_000.0;
+        assert_eq!(read(&d), Some((false, "unknown".into())));
+        d.close();
+        // A host token that runs out before the lease: `amHost` alone changes.
+        let d = driver("ws://127.0.0.1:9/ws", noop(), 12);
+        d.simulate_connected();
+        d.handle_frame(welcome);
+        d.handle_frame(&protocol::encode_server(&protocol::ServerMsg::Capability {
+            role: crate::protocol::Role::Host,
+            token: Token::new("host-token"),
+            epoch: Some(Epoch(1)),
+            actions: vec![Action::new("poll.open").unwrap()],
+            expires_in_ms: 1_000,
+        }));
+        assert_eq!(read(&d), Some((true, "held".into())));
+        assert_eq!(read(&d), None);
+        d.inner.borrow_mut().clock.skew += 2_000.0;
+        assert_eq!(read(&d), Some((false, "held".into())));
         d.close();
     }
 
