@@ -1037,6 +1037,17 @@ mod tests {
         Driver::new(url.into(), emit, 0, seed, noop(), web_sys::window())
     }
 
+    /// The server's host capability for epoch 1 (`poll.open`), lasting `expires_in_ms`.
+    fn host_token(d: &Driver, expires_in_ms: u64) {
+        d.handle_frame(&protocol::encode_server(&protocol::ServerMsg::Capability {
+            role: crate::protocol::Role::Host,
+            token: Token::new("host-token"),
+            epoch: Some(Epoch(1)),
+            actions: vec![Action::new("poll.open").unwrap()],
+            expires_in_ms,
+        }));
+    }
+
     async fn sleep(ms: i32) {
         let p = js_sys::Promise::new(&mut |resolve, _| {
             web_sys::window()
@@ -1232,13 +1243,7 @@ mod tests {
         let d = driver("ws://127.0.0.1:9/ws", emit, 7);
         d.simulate_connected();
         d.handle_frame(r#"{"v":1,"t":"welcome","you":"me","session":"me-s","missed":[],"snapshot":{"room":"r","current":{"room":"r","host":"me","session":"me-s","epoch":1,"seq":1,"lease_ms":60000,"reason":"elected","issued_at":0},"members":[],"seq":1,"server_time":0,"lease_remaining_ms":60000,"actions":{"host":["poll.open"],"participant":["vote"]}}}"#);
-        d.handle_frame(&protocol::encode_server(&protocol::ServerMsg::Capability {
-            role: crate::protocol::Role::Host,
-            token: Token::new("host-token"),
-            epoch: Some(Epoch(1)),
-            actions: vec![Action::new("poll.open").unwrap()],
-            expires_in_ms: 60_000,
-        }));
+        host_token(&d, 60_000);
         let view = || d.view_value();
         assert_eq!(
             (view()["amHost"].clone(), view()["lease"].clone()),
@@ -1288,13 +1293,7 @@ mod tests {
         let d = driver("ws://127.0.0.1:9/ws", noop(), 12);
         d.simulate_connected();
         d.handle_frame(welcome);
-        d.handle_frame(&protocol::encode_server(&protocol::ServerMsg::Capability {
-            role: crate::protocol::Role::Host,
-            token: Token::new("host-token"),
-            epoch: Some(Epoch(1)),
-            actions: vec![Action::new("poll.open").unwrap()],
-            expires_in_ms: 1_000,
-        }));
+        host_token(&d, 1_000);
         assert_eq!(read(&d), Some((true, "held".into())));
         assert_eq!(read(&d), None);
         d.inner.borrow_mut().clock.skew += 2_000.0;
